@@ -1,0 +1,36 @@
+# Every target builds .venv itself when it is missing, so each works from a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint demo serve bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: venv lint
+	$(VENV)/bin/pytest -q
+
+demo: venv
+	$(PY) -m examples.demo
+
+serve: venv
+	$(VENV)/bin/fxtune serve
+
+bench: venv
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,138 @@
+"""Small FX helpers shared by the passes: matching ops, reading shapes, adding weights."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+aten = torch.ops.aten
+
+
+def is_call(node: Any, *targets: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def val(node: fx.Node) -> Any:
+    """The fake value recorded by capture (a FakeTensor, a tuple of them, or a Python value)."""
+    return node.meta.get("val")
+
+
+def tensor_val(node: Any) -> torch.Tensor | None:
+    if not isinstance(node, fx.Node):
+        return None
+    v = val(node)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def shape(node: fx.Node) -> tuple[int, ...]:
+    v = tensor_val(node)
+    if v is None:
+        raise ValueError(f"node {node.name} has no tensor metadata")
+    return tuple(int(s) for s in v.shape)
+
+
+def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """A call's argument whether it was passed by position or keyword."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def getitem_users(node: fx.Node) -> dict[int, fx.Node] | None:
+    """For a multi-output node: index -> its getitem user, or None if used any other way."""
+    out: dict[int, fx.Node] = {}
+    for user in node.users:
+        if not is_call(user, operator.getitem) or user.args[1] in out:
+            return None
+        out[user.args[1]] = user
+    return out
+
+
+def only_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def attr_tensor(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
+    """The real tensor behind a `get_attr` node (a weight), else None."""
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    obj: Any = gm
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, torch.Tensor) else None
+
+
+def add_weight(gm: fx.GraphModule, stem: str, tensor: torch.Tensor) -> str:
+    """Register a new constant tensor on the module under a fresh name; returns the name."""
+    base = "fxtune_" + stem.replace(".", "_")
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    gm.register_buffer(name, tensor.detach().clone().contiguous())
+    return name
+
+
+def mutated_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes whose tensor is written in place somewhere (and every alias we can see of it)."""
+    mutated: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                target = arg(node, i, a.name)
+                if isinstance(target, fx.Node):
+                    mutated.add(target)
+    return mutated
+
+
+def ancestors(node: fx.Node, stop: Iterable[fx.Node] = ()) -> set[fx.Node]:
+    """Every node that `node` depends on (transitively)."""
+    seen: set[fx.Node] = set(stop)
+    stack = list(node.all_input_nodes)
+    out: set[fx.Node] = set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        out.add(n)
+        stack.extend(n.all_input_nodes)
+    return out
+
+
+def independent_groups(nodes: Sequence[fx.Node], min_size: int = 2) -> list[list[fx.Node]]:
+    """Split candidate nodes into sets with no data dependency inside a set (seed 002's BFS step).
+
+    Nodes are visited in graph order; each joins the first set none of whose members it depends
+    on. Fusing a set horizontally is then always legal.
+    """
+    groups: list[list[fx.Node]] = []
+    deps: dict[fx.Node, set[fx.Node]] = {n: ancestors(n) for n in nodes}
+    for node in nodes:
+        for group in groups:
+            if not any(member in deps[node] for member in group):
+                group.append(node)
+                break
+        else:
+            groups.append([node])
+    return [g for g in groups if len(g) >= min_size]
+
+
+def topo_first(nodes: Iterable[fx.Node]) -> fx.Node:
+    """The earliest node in graph order."""
+    nodes = list(nodes)
+    order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
+    return min(nodes, key=order.__getitem__)
+
+
+def topo_last(nodes: Iterable[fx.Node]) -> fx.Node:
+    nodes = list(nodes)
+    order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
+    return max(nodes, key=order.__getitem__)

@@ -1,0 +1,48 @@
+"""The contract every pass ("atomic rule") fulfils."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from torch import fx
+
+from tuner.sites import Site
+
+
+class GraphPass(ABC):
+    """Finds its sites in an unlifted export graph and rewrites any chosen subset of them.
+
+    Sites returned by one `find_sites` call never overlap, so rewriting some of them leaves the
+    others valid. A rewrite must keep outputs equal (up to float rounding) and the graph
+    exportable; it may leave dead nodes behind (the caller removes them).
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    default_options: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **options: Any) -> None:
+        unknown = set(options) - set(self.default_options)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown options {sorted(unknown)}")
+        self.options = {**self.default_options, **options}
+
+    @abstractmethod
+    def find_sites(self, gm: fx.GraphModule) -> list[Site]: ...
+
+    @abstractmethod
+    def rewrite(self, gm: fx.GraphModule, site: Site) -> None: ...
+
+    def input_packer(self, gm: fx.GraphModule, site: Site) -> Callable[[tuple], tuple] | None:
+        """Passes that change the program's inputs return how to turn old inputs into new ones."""
+        return None
+
+    @staticmethod
+    def nodes_of(gm: fx.GraphModule, site: Site) -> list[fx.Node]:
+        by_name = {n.name: n for n in gm.graph.nodes}
+        try:
+            return [by_name[name] for name in site.nodes]
+        except KeyError as exc:
+            raise LookupError(f"site {site.id} refers to missing node {exc}") from None
