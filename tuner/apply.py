@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 from torch.export import ExportedProgram
-from torch.fx.passes.tools_common import legalize_graph
+from torch.fx.passes.tools_common import stable_topological_sort
 
 from tuner.capture import Inputs, refresh_meta, to_graph_module, to_program
 from tuner.passes import get_pass
@@ -40,7 +40,7 @@ class Transformed:
 
 def cleanup(gm: fx.GraphModule) -> None:
     """Restore the invariants passes rely on: sorted, no dead nodes, no orphaned weights."""
-    legalize_graph(gm)
+    stable_topological_sort(gm)
     gm.graph.eliminate_dead_code()
     used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     for name, _ in list(gm.named_buffers()) + list(gm.named_parameters()):

@@ -15,7 +15,9 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.utils import _pytree as pytree
 
 Inputs = tuple[Any, ...]
 
@@ -67,3 +69,21 @@ def refresh_meta(gm: fx.GraphModule, inputs: Inputs) -> None:
 def to_program(gm: fx.GraphModule, inputs: Inputs) -> ExportedProgram:
     """Re-export a rewritten module; the result saves with `torch.export.save`."""
     return torch.export.export(gm, tuple(inputs), strict=False)
+
+
+def set_positional_inputs(gm: fx.GraphModule, names: Sequence[str]) -> None:
+    """Make `gm(*args)` take one positional argument per name, after a pass changed the inputs.
+
+    The unlifted module flattens its arguments with the input spec recorded at export; once a
+    pass adds or removes placeholders, that spec (and the signature) must describe the new tuple.
+    `names` are the placeholder targets in graph order.
+    """
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    if list(names) != targets:
+        raise ValueError(f"inputs {list(names)} do not match the graph's placeholders {targets}")
+    codegen = gm.graph._codegen
+    if isinstance(codegen, _PyTreeCodeGen):
+        in_spec = pytree.tree_structure((tuple(names), {}))
+        out_spec = codegen.pytree_info.out_spec
+        codegen.pytree_info = _PyTreeInfo(list(names), in_spec, out_spec)
+    gm.recompile()

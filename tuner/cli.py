@@ -78,3 +78,121 @@ def apply_cmd(
     console.print(f"rewrote {len(result.applied)} site(s); ops {before} -> {after}; wrote {out}")
     if result.packers:
         console.print("[yellow]note:[/yellow] the program's inputs changed (combine_sparse_inputs)")
+
+
+def _progress_printer(json_lines: bool):
+    """Progress as JSON lines (for the worker) or a rich bar (for people)."""
+    import contextlib
+    import json
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if json_lines:
+
+        @contextlib.contextmanager
+        def lines():
+            def say(fraction: float, message: str) -> None:
+                print(json.dumps({"progress": round(fraction, 3), "message": message}), flush=True)
+
+            yield say
+
+        return lines()
+
+    @contextlib.contextmanager
+    def bar():
+        columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err) as prog:
+            task = prog.add_task("tuning", total=1.0)
+
+            def say(fraction: float, message: str) -> None:
+                prog.update(task, completed=fraction, description=message)
+
+            yield say
+
+    return bar()
+
+
+@app.command("tune")
+def tune_cmd(
+    model: ModelArg,
+    out: Annotated[Path, typer.Option(help="Where to write the tuned .pt2")],
+    report: Annotated[Path, typer.Option(help="Where to write the JSON report")],
+    device: Annotated[str, typer.Option(help="cpu, cuda or xla")] = "cpu",
+    budget_s: Annotated[float, typer.Option("--budget-s", help="Total tuning time budget")] = 120,
+    backend: Annotated[
+        list[str] | None, typer.Option(help="Backends to consider (repeatable); default all")
+    ] = None,
+    cache: Annotated[
+        Path | None, typer.Option(help="Decision cache file", envvar="FXTUNE_TUNE_CACHE")
+    ] = None,
+    no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiles")] = False,
+    progress_json: Annotated[
+        bool, typer.Option("--progress-json", help="Progress as JSON lines on stdout")
+    ] = False,
+) -> None:
+    """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
+    from tuner.load import load_program
+    from tuner.outputs import write_outputs
+    from tuner.tune import TuneOptions, tune_program
+
+    cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
+    try:
+        program = load_program(model)
+        options = TuneOptions(
+            device=device,
+            budget_s=budget_s,
+            backends=backend or None,
+            cache_path=cache,
+            profile=not no_profile,
+        )
+        with _progress_printer(progress_json) as say:
+            outcome = tune_program(program, options, say)
+            write_outputs(outcome, out, report, profile=not no_profile, progress=say)
+    except (FxtuneError, ValueError) as exc:
+        raise fail(exc) from None
+    cfg = outcome.config
+    table = Table("candidate", "backend", "speedup", "95% interval", "verdict")
+    for fig in cfg.candidates:
+        ci = f"{fig.ci[0]:.2f}-{fig.ci[1]:.2f}" if fig.ci else "-"
+        speed = f"{fig.speedup:.2f}x" if fig.speedup else "-"
+        table.add_row(fig.name, fig.backend, speed, ci, fig.verdict)
+    target = console if not progress_json else err
+    target.print(table)
+    accepted = sum(1 for s in cfg.sites if s.accepted)
+    target.print(
+        f"chosen: {cfg.whole_model.name} (backend {cfg.backend}); "
+        f"{accepted}/{len(cfg.sites)} distinct sites accepted; "
+        f"verified: {cfg.verification.passed}; {cfg.tuning['timed_candidates']} timed candidates, "
+        f"{cfg.tuning['cache_hits']} cache hits, {cfg.tuning['seconds']} s"
+    )
+
+
+@app.command("profile")
+def profile_cmd(
+    model: ModelArg,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    iterations: Annotated[int, typer.Option(min=1, help="Profiled iterations")] = 20,
+    trace: Annotated[
+        Path | None, typer.Option(help="Write the chrome trace here (opens in Perfetto)")
+    ] = None,
+) -> None:
+    """Profile MODEL on its example inputs: time by op category, ops, kernels, overhead, memory."""
+    from tuner.capture import example_inputs
+    from tuner.load import load_program
+    from tuner.profile import check_device, profile_callable
+    from tuner.profiling.report import breakdown_table, figure_lines, top_ops_table
+
+    try:
+        check_device(device)
+        program = load_program(model)
+        inputs = [x.to(device) if hasattr(x, "to") else x for x in example_inputs(program)]
+        module = program.module().to(device)
+        summary = profile_callable(
+            lambda: module(*inputs), device=device, iterations=iterations, trace_path=trace
+        )
+    except (FxtuneError, ValueError) as exc:
+        raise fail(exc) from None
+    console.print(breakdown_table(summary))
+    console.print(top_ops_table(summary))
+    for line in figure_lines(summary):
+        console.print(line)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -136,3 +137,74 @@ def topo_last(nodes: Iterable[fx.Node]) -> fx.Node:
     nodes = list(nodes)
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     return max(nodes, key=order.__getitem__)
+
+
+def _alias_sources(node: fx.Node) -> list[fx.Node]:
+    """The inputs whose storage `node`'s output may share (views, in-place results, pieces)."""
+    if is_call(node, operator.getitem):
+        return [node.args[0]] if isinstance(node.args[0], fx.Node) else []
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    schema = node.target._schema
+    # Lists of views (split's `Tensor(a)[]`) keep their alias set on the element type, which
+    # Python cannot read: any aliasing return counts as aliasing every annotated argument.
+    if not any(r.alias_info for r in schema.returns):
+        return []
+    return [
+        value
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info
+        for value in [arg(node, i, a.name)]
+        if isinstance(value, fx.Node)
+    ]
+
+
+def mutated_aliases(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes that share storage with a tensor written in place (through any chain of views).
+
+    `mutated_nodes` sees only the direct target: `x.view(-1).mul_(2)` marks the view, not `x`.
+    Rewrites that re-read or alias a tensor must refuse every node of such an alias class,
+    since re-sorting the graph may move their reads across the write.
+    """
+    parent: dict[fx.Node, fx.Node] = {}
+
+    def find(n: fx.Node) -> fx.Node:
+        while parent.get(n, n) is not n:
+            n = parent[n]
+        return n
+
+    for node in gm.graph.nodes:
+        for src in _alias_sources(node):
+            parent[find(node)] = find(src)
+    roots = {find(n) for n in mutated_nodes(gm)}
+    return {n for n in gm.graph.nodes if find(n) in roots}
+
+
+SPLIT_OPS = (aten.split.Tensor, aten.split_with_sizes.default)
+
+
+@dataclass(frozen=True)
+class SplitPieces:
+    """A split whose every piece is read through exactly one getitem."""
+
+    split: fx.Node
+    source: fx.Node
+    dim: int
+    sizes: tuple[int, ...]
+    items: tuple[fx.Node, ...]
+
+
+def split_pieces(node: Any) -> SplitPieces | None:
+    """Describe an aten split (dim normalised, sizes from metadata); None when a piece is unread."""
+    if not is_call(node, *SPLIT_OPS) or not isinstance(node.args[0], fx.Node):
+        return None
+    pieces = val(node)
+    source = tensor_val(node.args[0])
+    users = getitem_users(node)
+    if source is None or not isinstance(pieces, (list, tuple)) or users is None:
+        return None
+    if sorted(users) != list(range(len(pieces))):
+        return None
+    dim = int(arg(node, 2, "dim", 0)) % source.dim()
+    sizes = tuple(int(p.shape[dim]) for p in pieces)
+    return SplitPieces(node, node.args[0], dim, sizes, tuple(users[i] for i in range(len(pieces))))

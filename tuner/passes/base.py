@@ -22,6 +22,8 @@ class GraphPass(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     default_options: ClassVar[dict[str, Any]] = {}
+    # Passes that change the program's inputs are judged on the whole model, not on a site.
+    changes_inputs: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         unknown = set(options) - set(self.default_options)

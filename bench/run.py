@@ -1,0 +1,164 @@
+"""`make bench`: each example model under eager, torch.compile, AOTInductor, blind passes, fxtune.
+
+Each figure is a speed ratio over the original program run eagerly, from an interleaved A/B
+comparison in this one run (tuner.measure.compare: median of paired ratios, 95% interval).
+Writes bench/out/results.json, results.md (the README table) and bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from examples.build import build_all
+from tuner import backends
+from tuner.apply import apply_steps
+from tuner.capture import example_inputs, to_graph_module
+from tuner.load import load_program
+from tuner.measure import compare
+from tuner.outputs import aoti_path_for, write_outputs
+from tuner.passes import pass_names
+from tuner.tune import TuneOptions, tune_program
+
+OUT = Path(__file__).parent / "out"
+COLUMNS = ["torch.compile", "AOTInductor", "every pass (eager)", "fxtune program (eager)", "fxtune"]
+console = Console()
+
+
+def ratio(base: Callable[[], Any], cand: Callable[[], Any], budget_s: float) -> dict[str, float]:
+    c = compare(base, cand, budget_s=budget_s)
+    return {"speedup": c.speedup, "ci_low": c.ci_low, "ci_high": c.ci_high, "rounds": c.rounds}
+
+
+def bench_model(
+    name: str, path: Path, work: Path, tune_budget_s: float, budget_s: float
+) -> dict[str, Any]:
+    program = load_program(path)
+    inputs = example_inputs(program)
+    eager = program.module()
+    console.log(f"[{name}] compiling torch.compile and AOTInductor baselines")
+    compiled = torch.compile(program.module())
+    aoti = backends.load_aoti(backends.package_aoti(program, work / f"{name}.orig.aoti.pt2"))
+    blind = apply_steps(
+        copy.deepcopy(to_graph_module(program)), inputs, [(p, None) for p in pass_names()]
+    )
+    blind_inputs = blind.pack(inputs)
+
+    console.log(f"[{name}] tuning (budget {tune_budget_s:.0f} s)")
+    started = time.monotonic()
+    outcome = tune_program(
+        program, TuneOptions(budget_s=tune_budget_s, cache_path=work / "cache.json")
+    )
+    tuned_path = work / f"{name}.tuned.pt2"
+    write_outputs(outcome, tuned_path, work / f"{name}.report.json", profile=False)
+    tuning_s = time.monotonic() - started
+    config = outcome.config
+    tuned_inputs = outcome.tuned.inputs
+    tuned_program = torch.export.load(tuned_path).module()
+    final = (
+        backends.load_aoti(aoti_path_for(tuned_path))
+        if config.backend == "inductor"
+        else outcome.runner
+    )
+
+    console.log(f"[{name}] timing")
+    variants: dict[str, Callable[[], Any]] = {
+        "torch.compile": lambda: compiled(*inputs),
+        "AOTInductor": lambda: aoti(*inputs),
+        "every pass (eager)": lambda: blind.gm(*blind_inputs),
+        "fxtune program (eager)": lambda: tuned_program(*tuned_inputs),
+        "fxtune": lambda: final(*tuned_inputs),
+    }
+    with torch.inference_mode():
+        figures = {k: ratio(lambda: eager(*inputs), fn, budget_s) for k, fn in variants.items()}
+    return {
+        "model": name,
+        "ratios": figures,
+        "backend": config.backend,
+        "chosen": config.whole_model.name,
+        "tuning_s": round(tuning_s, 1),
+        "timed_candidates": config.tuning["timed_candidates"],
+        "cache_hits": config.tuning["cache_hits"],
+        "accepted_sites": sum(1 for s in config.sites if s.accepted),
+        "distinct_sites": len(config.sites),
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = ["model", *COLUMNS, "fxtune backend", "tuning s", "timed candidates"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"]]
+        cells += [f"{r['ratios'][c]['speedup']:.2f}x" for c in COLUMNS]
+        cells += [r["backend"], f"{r['tuning_s']:.0f}", str(r["timed_candidates"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(COLUMNS)
+    for i, col in enumerate(COLUMNS):
+        xs = [j + i * width for j in range(len(rows))]
+        ys = [r["ratios"][col]["speedup"] for r in rows]
+        lo = [y - r["ratios"][col]["ci_low"] for y, r in zip(ys, rows, strict=True)]
+        hi = [r["ratios"][col]["ci_high"] - y for y, r in zip(ys, rows, strict=True)]
+        ax.bar(xs, ys, width, label=col, yerr=[lo, hi], capsize=2)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["model"] for r in rows])
+    ax.set_ylabel("speed over eager (x)")
+    ax.set_title(f"fxtune on {torch.get_num_threads()} CPU threads, torch {torch.__version__}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", nargs="*", default=None)
+    parser.add_argument("--tune-budget-s", type=float, default=120.0)
+    parser.add_argument("--budget-s", type=float, default=6.0, help="per timed comparison")
+    args = parser.parse_args()
+    OUT.mkdir(exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name, path in build_all(work, args.models).items():
+            rows.append(bench_model(name, path, work, args.tune_budget_s, args.budget_s))
+    table = Table("model", *COLUMNS, "backend", "tuning s", "timed")
+    for r in rows:
+        table.add_row(
+            r["model"],
+            *[
+                f"{r['ratios'][c]['speedup']:.2f}x ({r['ratios'][c]['ci_low']:.2f}-"
+                f"{r['ratios'][c]['ci_high']:.2f})"
+                for c in COLUMNS
+            ],
+            r["backend"],
+            f"{r['tuning_s']:.0f}",
+            str(r["timed_candidates"]),
+        )
+    console.print(table)
+    (OUT / "results.json").write_text(json.dumps(rows, indent=2))
+    (OUT / "results.md").write_text(markdown(rows))
+    plot(rows, OUT / "bench.png")
+    console.print(f"wrote {OUT / 'results.md'} and {OUT / 'bench.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The tuned config (a contract: deployments read it) and replaying it without measuring.
+
+`apply_config` re-finds each recorded step's sites by structural id in the original program, so
+the tuned module is reproduced exactly from the original plus this JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from torch.export import ExportedProgram
+
+from tuner.apply import Transformed, apply_steps
+from tuner.capture import example_inputs, to_graph_module
+
+SCHEMA_VERSION = 1
+
+Verdict = Literal[
+    "faster", "slower", "within noise", "wrong outputs", "failed to run", "not measured"
+]
+
+
+class PassStep(BaseModel):
+    """One pass, and the site ids it rewrites; replayed in order."""
+
+    pass_name: str = Field(alias="pass")
+    sites: list[str]
+
+    model_config = {"populate_by_name": True}
+
+
+class SiteDecision(BaseModel):
+    pass_name: str = Field(alias="pass")
+    site_id: str
+    summary: str
+    count: int = 1  # identical sites in the model that share this decision
+    baseline_s: float | None = None
+    candidate_s: float | None = None
+    speedup: float | None = None
+    ci: tuple[float, float] | None = None
+    rounds: int = 0
+    verdict: Verdict
+    accepted: bool
+    cached: bool = False
+    reason: str | None = None
+
+    model_config = {"populate_by_name": True}
+
+
+class Figures(BaseModel):
+    """A whole-model timing against the untouched original on the same inputs, interleaved."""
+
+    name: str
+    backend: str
+    passes: list[PassStep]
+    baseline_s: float | None = None
+    candidate_s: float | None = None
+    speedup: float | None = None
+    ci: tuple[float, float] | None = None
+    verdict: Verdict
+    reason: str | None = None
+
+
+class Verification(BaseModel):
+    inputs: int
+    max_abs_error: float | None
+    max_rel_error: float | None
+    passed: bool
+    reason: str | None = None
+
+
+class TunedConfig(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    model_fingerprint: str
+    hardware: dict[str, Any]
+    backend: str
+    passes: list[PassStep]
+    changes_inputs: bool = False
+    sites: list[SiteDecision]
+    candidates: list[Figures]
+    whole_model: Figures
+    verification: Verification
+    tuning: dict[str, Any]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TunedConfig:
+        return cls.model_validate_json(text)
+
+    @classmethod
+    def load(cls, path: Path | str) -> TunedConfig:
+        return cls.from_json(Path(path).read_text())
+
+    def save(self, path: Path | str) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+        return path
+
+
+def steps_of(passes: list[PassStep]) -> list[tuple[str, set[str]]]:
+    return [(step.pass_name, set(step.sites)) for step in passes if step.sites]
+
+
+def apply_config(program: ExportedProgram, config: TunedConfig | dict[str, Any]) -> Transformed:
+    """Reproduce the tuned module from the original program deterministically, measuring nothing."""
+    if isinstance(config, dict):
+        config = TunedConfig.model_validate(json.loads(json.dumps(config)))
+    gm = to_graph_module(program)
+    return apply_steps(gm, example_inputs(program), steps_of(config.passes))

@@ -1,0 +1,73 @@
+"""What a tuning run leaves behind: the tuned program, the AOTInductor package, profiles, report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuner import backends
+from tuner.capture import example_inputs, save_program, to_program
+from tuner.config import apply_config
+from tuner.tune import TuneOutcome, _errors, _to_device
+
+
+def aoti_path_for(program_path: Path) -> Path:
+    """`tuned.pt2` -> `tuned.aoti.pt2`."""
+    return program_path.with_name(program_path.name.removesuffix(".pt2") + ".aoti.pt2")
+
+
+def write_outputs(
+    outcome: TuneOutcome, out: Path, report: Path, *, profile: bool = True, progress: Any = None
+) -> dict[str, Any]:
+    say = progress or (lambda _f, _m: None)
+    config = outcome.config
+    device = config.hardware["device"]
+    replay = apply_config(outcome.original, config)
+    replay.gm.to(device)
+    inputs = tuple(_to_device(x, device) for x in replay.inputs)
+    say(0.92, "exporting tuned program")
+    save_program(to_program(replay.gm, inputs), out)
+    artifacts: dict[str, Any] = {"program": _rel(out, report), "aoti": None, "traces": {}}
+    if config.backend == "inductor":
+        say(0.94, "compiling AOTInductor package")
+        aoti = backends.package_aoti(torch.export.load(out), aoti_path_for(out))
+        packaged = backends.load_aoti(aoti)
+        original = outcome.original.module().to(device)
+        originals = tuple(_to_device(x, device) for x in example_inputs(outcome.original))
+        abs_err, _ = _errors(original, lambda *a: packaged(*replay.pack(a)), [originals])
+        artifacts["aoti"] = _rel(aoti, report)
+        artifacts["aoti_max_abs_error"] = abs_err
+    profiles: dict[str, Any] = {}
+    if profile:
+        from tuner.profile import profile_callable
+
+        say(0.97, "profiling baseline and tuned")
+        base_mod = outcome.original.module().to(device)
+        base_inputs = tuple(_to_device(x, device) for x in example_inputs(outcome.original))
+        tuned_inputs = tuple(_to_device(x, device) for x in outcome.tuned.inputs)
+        for name, fn in (
+            ("baseline", lambda: base_mod(*base_inputs)),
+            ("tuned", lambda: outcome.runner(*tuned_inputs)),
+        ):
+            trace = report.parent / f"{name}.trace.json"
+            profiles[name] = profile_callable(fn, device=device, trace_path=trace).to_dict()
+            artifacts["traces"][name] = _rel(trace, report)
+    document = {
+        "config": json.loads(config.to_json()),
+        "profiles": profiles,
+        "artifacts": artifacts,
+        "samples": outcome.samples,
+    }
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(document, indent=2))
+    return document
+
+
+def _rel(path: Path, report: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(report.parent.resolve()))
+    except ValueError:
+        return str(path.resolve())

@@ -1,0 +1,216 @@
+"""Fuse parallel linears into one GEMM (Inductor's group/batch fusion, seed 002).
+
+Several small GEMMs leave a CPU or GPU underused and pay launch and dispatch costs each time.
+Linears that read the same input (attention Q/K/V, MLP heads) become one linear with the weights
+concatenated, whose output is split back; linears on different inputs of one shape (towers)
+become one batched matmul on the stacked inputs. Only linears independent of each other can be
+fused, which `independent_groups` (the BFS step) guarantees.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import defaultdict
+from collections.abc import Hashable
+
+import torch
+from torch import fx
+
+from tuner.graph import (
+    add_weight,
+    arg,
+    aten,
+    attr_tensor,
+    independent_groups,
+    is_call,
+    mutated_aliases,
+    shape,
+    tensor_val,
+    topo_first,
+    topo_last,
+)
+from tuner.passes import register
+from tuner.passes.base import GraphPass
+from tuner.sites import Site, make_site
+
+
+def _weights(gm: fx.GraphModule, linear: fx.Node) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = attr_tensor(gm, arg(linear, 1, "weight"))
+    assert weight is not None
+    bias_node = arg(linear, 2, "bias")
+    return weight, attr_tensor(gm, bias_node) if bias_node is not None else None
+
+
+def _candidate(
+    gm: fx.GraphModule, node: fx.Node, mutated: set[fx.Node], mutated_attrs: set[str]
+) -> bool:
+    """A linear with constant weights; neither they nor its input (or a view of it) is written."""
+    if not is_call(node, aten.linear.default) or node.args[0] in mutated:
+        return False
+    x, weight, bias = node.args[0], arg(node, 1, "weight"), arg(node, 2, "bias")
+    params = [p for p in (weight, bias) if p is not None]
+    if not all(isinstance(p, fx.Node) and p.op == "get_attr" for p in params):
+        return False
+    tensors = [attr_tensor(gm, p) for p in params]
+    x_val, w_val = tensor_val(x), tensors[0]
+    return (
+        x_val is not None
+        and w_val is not None
+        and x_val.dim() >= 1
+        and w_val.dim() == 2
+        and all(t is not None and t.dtype == x_val.dtype for t in tensors)
+        and not any(str(p.target) in mutated_attrs for p in params)
+    )
+
+
+def _key(gm: fx.GraphModule, linear: fx.Node) -> tuple[Hashable, ...]:
+    weight, bias = _weights(gm, linear)
+    return (weight.dtype, bias is not None)
+
+
+def _in_order(groups: dict[Hashable, list[fx.Node]], min_size: int) -> list[list[fx.Node]]:
+    out = []
+    for members in groups.values():
+        out.extend(independent_groups(members, min_size))
+    return out
+
+
+@register
+class FuseHorizontalLinear(GraphPass):
+    name = "fuse_horizontal_linear"
+    description = "Fuse independent linears: shared input -> one concatenated linear, else bmm."
+    default_options = {"min_group_size": 2, "batched": True}
+
+    def find_sites(self, gm: fx.GraphModule) -> list[Site]:
+        mutated = mutated_aliases(gm)
+        attrs = {str(n.target) for n in mutated if n.op == "get_attr"}
+        linears = [n for n in gm.graph.nodes if _candidate(gm, n, mutated, attrs)]
+        min_size = self.options["min_group_size"]
+        shared: dict[Hashable, list[fx.Node]] = defaultdict(list)
+        for n in linears:
+            shared[(n.args[0], *_key(gm, n))].append(n)
+        groups = [("concat", g) for g in _in_order(shared, min_size)]
+        if self.options["batched"]:
+            taken = {n for _, g in groups for n in g}
+            same_shape: dict[Hashable, list[fx.Node]] = defaultdict(list)
+            for n in linears:
+                if n not in taken:
+                    weight_shape = shape(arg(n, 1, "weight"))
+                    same_shape[(shape(n.args[0]), weight_shape, *_key(gm, n))].append(n)
+            groups += [("bmm", g) for g in _in_order(same_shape, min_size)]
+        return [self._site(kind, g) for kind, g in groups]
+
+    def _site(self, kind: str, group: list[fx.Node]) -> Site:
+        how = "one linear on the shared input" if kind == "concat" else "one bmm"
+        return make_site(self.name, group, f"{len(group)} linears -> {how}", kind=kind)
+
+    def rewrite(self, gm: fx.GraphModule, site: Site) -> None:
+        linears = self.nodes_of(gm, site)
+        if all(n.args[0] is linears[0].args[0] for n in linears):
+            _concat(gm, linears)
+        else:
+            _batched(gm, linears)
+
+
+def _weight_nodes(
+    gm: fx.GraphModule,
+    linears: list[fx.Node],
+    stem: str,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> tuple[fx.Node, fx.Node | None]:
+    graph = gm.graph
+    with graph.inserting_before(topo_first(linears)):
+        w_node = graph.get_attr(add_weight(gm, stem, weight))
+        b_node = graph.get_attr(add_weight(gm, stem + "_bias", bias)) if bias is not None else None
+    return w_node, b_node
+
+
+def _concat(gm: fx.GraphModule, linears: list[fx.Node]) -> None:
+    """Shared input: concatenate the weights along the output features, split the result."""
+    pairs = [_weights(gm, n) for n in linears]
+    weight = torch.cat([w for w, _ in pairs])
+    bias = torch.cat([b for _, b in pairs]) if pairs[0][1] is not None else None
+    stem = str(arg(linears[0], 1, "weight").target).removeprefix("fxtune_") + "_hcat"
+    w_node, b_node = _weight_nodes(gm, linears, stem, weight, bias)
+    graph = gm.graph
+    with graph.inserting_before(topo_first(linears)):
+        fused = graph.call_function(aten.linear.default, (linears[0].args[0], w_node, b_node))
+        sizes = [w.shape[0] for w, _ in pairs]
+        split = graph.call_function(aten.split_with_sizes.default, (fused, sizes, -1))
+    _replace_with_pieces(linears, split)
+
+
+def _batched(gm: fx.GraphModule, linears: list[fx.Node]) -> None:
+    """Same shapes, different inputs: x_i @ W_i^T + b_i for all i as one (N, M, in) bmm."""
+    pairs = [_weights(gm, n) for n in linears]
+    weight = torch.stack([w.t() for w, _ in pairs])
+    has_bias = pairs[0][1] is not None
+    bias = torch.stack([b for _, b in pairs]).unsqueeze(1) if has_bias else None
+    stem = str(arg(linears[0], 1, "weight").target).removeprefix("fxtune_") + "_hbmm"
+    w_node, b_node = _weight_nodes(gm, linears, stem, weight, bias)
+    n, (out_features, in_features) = len(linears), pairs[0][0].shape
+    x_shape = shape(linears[0].args[0])
+    flat_shape = [n, math.prod(x_shape[:-1]), in_features]
+    reshape = len(x_shape) != 2
+    graph = gm.graph
+    with graph.inserting_after(topo_last(linears)):
+        flat = graph.call_function(aten.stack.default, ([m.args[0] for m in linears],))
+        if reshape:
+            flat = graph.call_function(aten.view.default, (flat, flat_shape))
+        if b_node is not None:
+            out = graph.call_function(aten.baddbmm.default, (b_node, flat, w_node))
+        else:
+            out = graph.call_function(aten.bmm.default, (flat, w_node))
+        pieces = graph.call_function(aten.unbind.int, (out, 0))
+    out_shape = [*x_shape[:-1], out_features]
+    for i, linear in enumerate(linears):
+        with graph.inserting_after(pieces):
+            piece = graph.call_function(operator.getitem, (pieces, i))
+        if reshape:
+            with graph.inserting_after(piece):
+                piece = graph.call_function(aten.view.default, (piece, out_shape))
+        linear.replace_all_uses_with(piece)
+        graph.erase_node(linear)
+
+
+def _replace_with_pieces(linears: list[fx.Node], split: fx.Node) -> None:
+    """Each linear becomes its slice of the fused output.
+
+    The slices are strided views, so a `view` that merges the feature dim with another one would
+    fail on them; such users get a contiguous copy.
+    """
+    graph = split.graph
+    total = sum(shape(n)[-1] for n in linears)
+    for i, linear in enumerate(linears):
+        with graph.inserting_after(split):
+            piece = graph.call_function(operator.getitem, (split, i))
+        strides = _strides((*shape(linear)[:-1], total))
+        blocked = [u for u in linear.users if not _viewable(u, shape(linear), strides)]
+        if blocked:
+            with graph.inserting_after(piece):
+                dense = graph.call_function(aten.contiguous.default, (piece,))
+            for user in blocked:
+                user.replace_input_with(linear, dense)
+        linear.replace_all_uses_with(piece)
+        graph.erase_node(linear)
+
+
+def _strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for size in reversed(sizes):
+        out.append(step)
+        step *= size
+    return tuple(reversed(out))
+
+
+def _viewable(user: fx.Node, sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    if not is_call(user, aten.view.default, aten._unsafe_view.default):
+        return True
+    probe = torch.empty_strided(sizes, strides, device="meta")
+    try:
+        probe.view(user.args[1])
+    except RuntimeError:
+        return False
+    return True

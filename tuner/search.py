@@ -1,0 +1,199 @@
+"""Per-site search: atomic rules chained greedily, every decision measured on the site itself.
+
+For each pass in chaining order, its sites are found in the graph as the earlier accepted rewrites
+left it; identical sites (same structural id) are measured once; each site is extracted as a
+standalone module and its rewrite timed against the untouched copy (`tuner.measure`). Only
+rewrites whose speedup interval clears 1 + epsilon are applied, then the next pass looks.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import fx
+
+from tuner.apply import apply_steps, cleanup
+from tuner.cache import DecisionCache
+from tuner.capture import Inputs, refresh_meta
+from tuner.config import PassStep, SiteDecision
+from tuner.extract import external_inputs, extract_site, find_same_site, record_values
+from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
+from tuner.passes import get_pass, pass_names
+from tuner.passes.base import GraphPass
+from tuner.sites import Site
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class SearchSettings:
+    device: str = "cpu"
+    hardware_key: str = ""
+    backend: str = "eager"
+    deadline: float = float("inf")  # time.monotonic() after which nothing new is measured
+    site_budget_s: float = 2.0
+    epsilon: float = 0.02
+    passes: list[str] | None = None
+
+
+@dataclass
+class SearchResult:
+    gm: fx.GraphModule
+    inputs: Inputs
+    steps: list[PassStep] = field(default_factory=list)
+    every_site: list[PassStep] = field(default_factory=list)
+    decisions: list[SiteDecision] = field(default_factory=list)
+    samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    timed: int = 0
+    packers: list[Callable[[Inputs], Inputs]] = field(default_factory=list)
+
+
+def _decision(site: Site, count: int, v: str, c: Comparison | None = None, **kw: Any) -> dict:
+    out: dict[str, Any] = {
+        "pass": site.pass_name,
+        "site_id": site.id,
+        "summary": site.summary,
+        "count": count,
+        "verdict": v,
+        "accepted": v == "faster",
+        **kw,
+    }
+    if c is not None:
+        out.update(
+            baseline_s=sorted(c.baseline_s)[len(c.baseline_s) // 2],
+            candidate_s=sorted(c.candidate_s)[len(c.candidate_s) // 2],
+            speedup=c.speedup,
+            ci=(c.ci_low, c.ci_high),
+            rounds=c.rounds,
+        )
+    return out
+
+
+class SiteSearch:
+    def __init__(self, settings: SearchSettings, cache: DecisionCache) -> None:
+        self.settings = settings
+        self.cache = cache
+
+    def _time(
+        self, base: Callable[[], Any], cand: Callable[[], Any], result: SearchResult, key: str
+    ) -> Comparison:
+        c = compare(base, cand, device=self.settings.device, budget_s=self.settings.site_budget_s)
+        result.timed += 1
+        result.samples[key] = {"baseline_s": c.baseline_s, "candidate_s": c.candidate_s}
+        return c
+
+    def _measure_site(
+        self,
+        gm: fx.GraphModule,
+        graph_pass: GraphPass,
+        site: Site,
+        values: dict[str, Any],
+        result: SearchResult,
+        count: int,
+    ) -> dict:
+        piece = extract_site(gm, site.nodes, values)
+        cand = copy.deepcopy(piece.gm)
+        same = find_same_site(graph_pass, cand, site)
+        if same is None:
+            return _decision(site, count, "failed to run", reason="site not found once extracted")
+        graph_pass.rewrite(cand, same)
+        cleanup(cand)
+        refresh_meta(cand, piece.inputs)
+        trials = [piece.inputs, *fresh_inputs(piece.inputs, 2)]
+        wrong = check_outputs(piece.gm, cand, trials)
+        if wrong is not None:
+            return _decision(site, count, "wrong outputs", reason=wrong)
+        c = self._time(
+            lambda: piece.gm(*piece.inputs),
+            lambda: cand(*piece.inputs),
+            result,
+            f"{site.pass_name}:{site.id}",
+        )
+        return _decision(site, count, verdict(c, self.settings.epsilon), c)
+
+    def _measure_whole(
+        self, gm: fx.GraphModule, inputs: Inputs, site: Site, result: SearchResult, count: int
+    ) -> dict:
+        """For passes that change the inputs: the site is the model's signature."""
+        cand = apply_steps(copy.deepcopy(gm), inputs, [(site.pass_name, {site.id})])
+        trials = [inputs, *fresh_inputs(inputs, 2)]
+        wrong = check_outputs(gm, lambda *a: cand.gm(*cand.pack(a)), trials)
+        if wrong is not None:
+            return _decision(site, count, "wrong outputs", reason=wrong)
+        c = self._time(
+            lambda: gm(*inputs),
+            lambda: cand.gm(*cand.inputs),
+            result,
+            f"{site.pass_name}:{site.id}",
+        )
+        return _decision(site, count, verdict(c, self.settings.epsilon), c)
+
+    def _decide(
+        self,
+        gm: fx.GraphModule,
+        inputs: Inputs,
+        graph_pass: GraphPass,
+        site: Site,
+        values: dict[str, Any],
+        result: SearchResult,
+        count: int,
+    ) -> dict:
+        s = self.settings
+        key = DecisionCache.key(s.hardware_key, s.backend, site.pass_name, site.id)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return {**cached, "count": count, "summary": site.summary, "cached": True}
+        if time.monotonic() > s.deadline:
+            return _decision(site, count, "not measured", reason="time budget spent")
+        try:
+            if graph_pass.changes_inputs:
+                decision = self._measure_whole(gm, inputs, site, result, count)
+            else:
+                decision = self._measure_site(gm, graph_pass, site, values, result, count)
+        except Exception as exc:
+            decision = _decision(
+                site, count, "failed to run", reason=f"{type(exc).__name__}: {exc}"
+            )
+        self.cache.put(key, decision)
+        return decision
+
+    def run(
+        self, gm: fx.GraphModule, inputs: Inputs, progress: Progress | None = None
+    ) -> SearchResult:
+        """Search in place on `gm` (pass a copy to keep the original)."""
+        result = SearchResult(gm, tuple(inputs))
+        names = self.settings.passes or pass_names()
+        for i, name in enumerate(names):
+            if progress:
+                progress(i / len(names), f"searching {name}")
+            graph_pass = get_pass(name)
+            sites = graph_pass.find_sites(gm)
+            if not sites:
+                continue
+            result.every_site.append(PassStep(pass_name=name, sites=sorted({s.id for s in sites})))
+            by_id: dict[str, list[Site]] = {}
+            for site in sites:
+                by_id.setdefault(site.id, []).append(site)
+            needs_values = not graph_pass.changes_inputs
+            wanted = {name for s in sites for name in external_inputs(gm, s.nodes)}
+            values = record_values(gm, result.inputs, wanted) if needs_values else {}
+            accepted: set[str] = set()
+            for site_id, group in by_id.items():
+                d = self._decide(
+                    gm, result.inputs, graph_pass, group[0], values, result, len(group)
+                )
+                result.decisions.append(SiteDecision.model_validate(d))
+                if d["accepted"]:
+                    accepted.add(site_id)
+            if accepted:
+                applied = apply_steps(gm, result.inputs, [(name, accepted)])
+                result.inputs = applied.inputs
+                result.packers.extend(applied.packers)
+                result.steps.append(PassStep(pass_name=name, sites=sorted(accepted)))
+        if progress:
+            progress(1.0, "site search done")
+        return result

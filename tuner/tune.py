@@ -1,0 +1,262 @@
+"""Tuning a whole program: site search, backend choice, verification, profiles, artifacts.
+
+The result is never worse than the original: every whole-model candidate (passes under eager,
+the original and the passes under inductor) is timed against the untouched original, and one is
+chosen only when its speedup interval clears 1 + epsilon; otherwise the original stands.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+from torch.export import ExportedProgram
+
+from tuner import backends
+from tuner.apply import Transformed, apply_steps
+from tuner.cache import DecisionCache
+from tuner.capture import Inputs, example_inputs, to_graph_module
+from tuner.config import Figures, PassStep, TunedConfig, Verification, apply_config, steps_of
+from tuner.fingerprint import graph_fingerprint
+from tuner.hardware import check_device, describe, hardware_key
+from tuner.measure import check_outputs, compare, fresh_inputs, verdict
+from tuner.passes import pass_names
+from tuner.search import Progress, SearchSettings, SiteSearch
+
+
+@dataclass
+class TuneOptions:
+    device: str = "cpu"
+    budget_s: float = 120.0
+    epsilon: float = 0.02
+    backends: list[str] | None = None  # default: every backend available for the device
+    passes: list[str] | None = None  # default: every registered pass
+    cache_path: Path | None = None
+    whole_model_budget_s: float = 6.0
+    site_budget_s: float = 1.5
+    profile: bool = True
+
+
+@dataclass
+class Candidate:
+    name: str
+    backend: str
+    passes: list[PassStep]
+    transformed: Transformed
+    runner: Callable[..., Any] | None = None
+
+
+@dataclass
+class TuneOutcome:
+    config: TunedConfig
+    original: ExportedProgram
+    tuned: Transformed
+    runner: Callable[..., Any]
+    samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+def _to_device(x: Any, device: str) -> Any:
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def _first_tensor_outputs(out: Any) -> list[torch.Tensor]:
+    flat, _ = torch.utils._pytree.tree_flatten(out)
+    return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+def _errors(
+    reference: Callable[..., Any], candidate: Callable[..., Any], trials: list[Inputs]
+) -> tuple[float, float]:
+    worst_abs = worst_rel = 0.0
+    with torch.inference_mode():
+        for inputs in trials:
+            for e, g in zip(
+                _first_tensor_outputs(reference(*inputs)),
+                _first_tensor_outputs(candidate(*inputs)),
+                strict=True,
+            ):
+                if not e.is_floating_point():
+                    worst_abs = max(worst_abs, float((e != g).any()))
+                    continue
+                diff = (e.double() - g.double()).abs()
+                worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
+                scale = e.double().abs().max().clamp_min(1e-12)
+                worst_rel = max(worst_rel, float(diff.max() / scale) if diff.numel() else 0.0)
+    return worst_abs, worst_rel
+
+
+class Tuner:
+    def __init__(self, options: TuneOptions) -> None:
+        self.options = options
+        self.device = check_device(options.device)
+        self.hardware = describe(self.device)
+        self.cache = DecisionCache(options.cache_path)
+        self.samples: dict[str, dict[str, list[float]]] = {}
+        self.timed = 0
+
+    def _remaining(self, started: float) -> float:
+        return self.options.budget_s - (time.monotonic() - started)
+
+    def _candidates(
+        self, gm0: fx.GraphModule, inputs: Inputs, greedy: list[PassStep], every: list[str]
+    ) -> list[Candidate]:
+        blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+        blind_steps = [PassStep(pass_name=s.pass_name, sites=[s.id]) for s in blind.applied]
+        plain = Transformed(gm0, inputs)
+        tuned = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy))
+        wanted = self.options.backends or backends.available_backends(self.device)
+        out: list[Candidate] = []
+        if "eager" in wanted and greedy:
+            out.append(Candidate("eager + tuned passes", "eager", greedy, tuned))
+        if "eager" in wanted and blind.applied and blind_steps != greedy:
+            out.append(Candidate("eager + every pass", "eager", blind_steps, blind))
+        for b in (x for x in wanted if x != "eager"):
+            out.append(Candidate(f"{b}", b, [], plain))
+            if greedy:
+                out.append(
+                    Candidate(
+                        f"{b} + tuned passes",
+                        b,
+                        greedy,
+                        apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy)),
+                    )
+                )
+            if blind.applied and blind_steps != greedy:
+                out.append(
+                    Candidate(
+                        f"{b} + every pass",
+                        b,
+                        blind_steps,
+                        apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every]),
+                    )
+                )
+        return out
+
+    def _judge(
+        self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, started: float
+    ) -> Figures:
+        fig = dict(name=cand.name, backend=cand.backend, passes=cand.passes)
+        if self._remaining(started) < 1.0:
+            return Figures(**fig, verdict="not measured", reason="time budget spent")
+        t = cand.transformed
+        try:
+            runner = backends.build(cand.backend, t.gm)
+            cand.runner = runner
+            wrong = check_outputs(
+                gm0, lambda *a: runner(*t.pack(a)), [inputs, *fresh_inputs(inputs, 2)]
+            )
+        except Exception as exc:
+            return Figures(**fig, verdict="failed to run", reason=f"{type(exc).__name__}: {exc}")
+        if wrong is not None:
+            return Figures(**fig, verdict="wrong outputs", reason=wrong)
+        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 1.0))
+        c = compare(
+            lambda: gm0(*inputs), lambda: runner(*t.inputs), device=self.device, budget_s=budget
+        )
+        self.timed += 1
+        self.samples[f"model:{cand.name}"] = {
+            "baseline_s": c.baseline_s,
+            "candidate_s": c.candidate_s,
+        }
+        return Figures(
+            **fig,
+            baseline_s=_median(c.baseline_s),
+            candidate_s=_median(c.candidate_s),
+            speedup=c.speedup,
+            ci=(c.ci_low, c.ci_high),
+            verdict=verdict(c, self.options.epsilon),
+        )
+
+    def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
+        started = time.monotonic()
+        say = progress or (lambda _f, _m: None)
+        say(0.0, "capturing graph")
+        gm0 = to_graph_module(program).to(self.device)
+        inputs = tuple(_to_device(x, self.device) for x in example_inputs(program))
+        every = self.options.passes or pass_names()
+        settings = SearchSettings(
+            device=self.device,
+            hardware_key=hardware_key(self.hardware),
+            deadline=started + 0.5 * self.options.budget_s,
+            site_budget_s=self.options.site_budget_s,
+            epsilon=self.options.epsilon,
+            passes=every,
+        )
+        search = SiteSearch(settings, self.cache).run(
+            copy.deepcopy(gm0), inputs, lambda f, m: say(0.05 + 0.45 * f, m)
+        )
+        self.samples.update(search.samples)
+        self.timed += search.timed
+
+        candidates = self._candidates(gm0, inputs, search.steps, every)
+        figures: list[Figures] = []
+        for i, cand in enumerate(candidates):
+            say(0.5 + 0.35 * i / max(len(candidates), 1), f"timing whole model: {cand.name}")
+            figures.append(self._judge(gm0, inputs, cand, started))
+        winners = [
+            (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == "faster"
+        ]
+        if winners:
+            chosen_fig, chosen = max(winners, key=lambda fc: fc[0].ci[0] if fc[0].ci else 0.0)
+        else:
+            reason = "no candidate was faster than the original beyond noise; the original stands"
+            chosen_fig = Figures(
+                name="original", backend="eager", passes=[], verdict="within noise", reason=reason
+            )
+            chosen = Candidate("original", "eager", [], Transformed(gm0, inputs), gm0)
+
+        say(0.9, "verifying")
+        fingerprint = graph_fingerprint(to_graph_module(program))
+        config = TunedConfig(
+            model_fingerprint=fingerprint,
+            hardware=self.hardware,
+            backend=chosen.backend,
+            passes=chosen.passes,
+            changes_inputs=bool(chosen.transformed.packers),
+            sites=search.decisions,
+            candidates=figures,
+            whole_model=chosen_fig,
+            verification=Verification(
+                inputs=0, max_abs_error=None, max_rel_error=None, passed=False
+            ),
+            tuning={},
+        )
+        replay = apply_config(program, config)
+        replay.gm.to(self.device)
+        runner = chosen.runner or backends.build(chosen.backend, replay.gm)
+        trials = fresh_inputs(inputs, 3, seed=1234)
+        abs_err, rel_err = _errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
+        wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
+        config.verification = Verification(
+            inputs=len(trials),
+            max_abs_error=abs_err,
+            max_rel_error=rel_err,
+            passed=wrong is None,
+            reason=wrong,
+        )
+        config.tuning = {
+            "seconds": round(time.monotonic() - started, 2),
+            "budget_s": self.options.budget_s,
+            "timed_candidates": self.timed,
+            "cache_hits": self.cache.hits,
+            "sites_found": sum(len(s.sites) for s in search.every_site),
+            "epsilon": self.options.epsilon,
+        }
+        say(1.0, "done")
+        return TuneOutcome(config, program, replay, runner, self.samples)
+
+
+def _median(xs: list[float]) -> float | None:
+    return sorted(xs)[len(xs) // 2] if xs else None
+
+
+def tune_program(
+    program: ExportedProgram, options: TuneOptions | None = None, progress: Progress | None = None
+) -> TuneOutcome:
+    return Tuner(options or TuneOptions()).tune(program, progress)
