@@ -88,7 +88,7 @@ def test_crafted_archive_is_refused_and_payload_never_runs(
 def test_not_a_zip(tmp_path: Path) -> None:
     junk = tmp_path / "junk.pt2"
     junk.write_bytes(b"definitely not a zip")
-    with pytest.raises(ArtifactFormatError, match="not a .pt2"):
+    with pytest.raises(ArtifactFormatError, match=r"not a \.pt2"):
         load_program(junk)
 
 
