@@ -63,6 +63,7 @@ def write_outputs(
     }
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps(document, indent=2))
+    say(1.0, "done")
     return document
 
 

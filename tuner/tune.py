@@ -197,7 +197,7 @@ class Tuner:
         candidates = self._candidates(gm0, inputs, search.steps, every)
         figures: list[Figures] = []
         for i, cand in enumerate(candidates):
-            say(0.5 + 0.35 * i / max(len(candidates), 1), f"timing whole model: {cand.name}")
+            say(0.5 + 0.3 * i / max(len(candidates), 1), f"timing whole model: {cand.name}")
             figures.append(self._judge(gm0, inputs, cand, started))
         winners = [
             (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == "faster"
@@ -211,7 +211,7 @@ class Tuner:
             )
             chosen = Candidate("original", "eager", [], Transformed(gm0, inputs), gm0)
 
-        say(0.9, "verifying")
+        say(0.85, "verifying")
         fingerprint = graph_fingerprint(to_graph_module(program))
         config = TunedConfig(
             model_fingerprint=fingerprint,
@@ -248,7 +248,7 @@ class Tuner:
             "sites_found": sum(len(s.sites) for s in search.every_site),
             "epsilon": self.options.epsilon,
         }
-        say(1.0, "done")
+        say(0.9, "tuning done")
         return TuneOutcome(config, program, replay, runner, self.samples)
 
 

@@ -1,0 +1,253 @@
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import tuner.measure as measure
+from tuner.measure import (
+    Comparison,
+    DeviceUnavailableError,
+    check_outputs,
+    compare,
+    fixed_threads,
+    fresh_inputs,
+    median_interval,
+    summarise,
+    verdict,
+)
+
+X = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+
+def matmul() -> torch.Tensor:
+    return X @ X
+
+
+def twenty_matmuls() -> torch.Tensor:
+    out = X
+    for _ in range(20):
+        out = X @ X
+    return out
+
+
+def matmul_then_sleep() -> torch.Tensor:
+    out = X @ X
+    time.sleep(0.002)
+    return out
+
+
+def _comparison(low: float, high: float) -> Comparison:
+    return Comparison([1.0], [1.0], (low + high) / 2, low, high, 1, "converged")
+
+
+# ------------------------------------------------------------------------- timing
+
+
+def test_sleeping_candidate_is_slower() -> None:
+    c = compare(matmul, matmul_then_sleep, budget_s=1.0, min_rounds=6, target_rel_ci=0.2, threads=1)
+    assert c.ci_high < 1
+    assert c.speedup < 0.5
+    assert verdict(c) == "slower"
+
+
+def test_much_faster_candidate_is_faster() -> None:
+    c = compare(twenty_matmuls, matmul, budget_s=1.0, target_rel_ci=0.2, threads=1)
+    assert c.ci_low > 1.5
+    assert verdict(c) == "faster"
+
+
+def test_identical_functions_are_within_noise() -> None:
+    c = compare(matmul, matmul, budget_s=0.6, min_rounds=12, confidence=0.999, threads=1)
+    assert c.rounds >= 12
+    assert math.isfinite(c.ci_low) and math.isfinite(c.ci_high)
+    assert c.ci_low <= 1 <= c.ci_high
+    assert verdict(c, epsilon=0.25) == "within noise"
+
+
+def test_raw_samples_are_kept_and_the_budget_is_respected() -> None:
+    def nap() -> None:
+        time.sleep(0.001)
+
+    started = time.perf_counter()
+    c = compare(nap, nap, budget_s=0.3, min_rounds=2, max_rounds=10**6, target_rel_ci=0.0)
+    elapsed = time.perf_counter() - started
+    assert c.stopped == "budget"
+    assert elapsed <= 0.3 + 0.15
+    assert c.rounds > 2
+    assert len(c.baseline_s) == len(c.candidate_s) == c.rounds
+    assert all(s >= 0.001 for s in c.baseline_s + c.candidate_s)
+
+
+def test_rounds_shrink_when_calibration_was_optimistic(monkeypatch: pytest.MonkeyPatch) -> None:
+    def nap() -> None:
+        time.sleep(0.001)
+
+    monkeypatch.setattr(measure, "_calibrate", lambda *args: (50, 0.001))
+    started = time.perf_counter()
+    c = compare(nap, nap, budget_s=0.5, min_rounds=8, target_rel_ci=0.0)
+    assert time.perf_counter() - started <= 0.5 + 0.15
+    assert c.rounds >= 8
+    assert c.inner < 50
+
+
+def test_stops_at_max_rounds_or_when_converged() -> None:
+    capped = compare(matmul, matmul, min_rounds=3, max_rounds=5, target_rel_ci=0.0, threads=1)
+    assert (capped.stopped, capped.rounds) == ("max_rounds", 5)
+    easy = compare(matmul, matmul, min_rounds=8, target_rel_ci=100.0, threads=1)
+    assert (easy.stopped, easy.rounds) == ("converged", 8)
+
+
+def test_short_calls_are_repeated_inside_one_sample() -> None:
+    c = compare(lambda: None, lambda: None, budget_s=0.3, min_rounds=4, max_rounds=4)
+    assert c.inner > 100
+    assert c.inner * c.baseline_median_s > 0.5e-3
+
+
+def test_cpu_timing_pins_threads_and_reports_them() -> None:
+    before = torch.get_num_threads()
+    c = compare(matmul, matmul, max_rounds=2, min_rounds=2, threads=1)
+    assert c.threads == 1
+    assert torch.get_num_threads() == before
+    with fixed_threads(1) as n:
+        assert n == torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_cuda_timing_or_a_clear_error() -> None:
+    if torch.cuda.is_available():
+        y = X.cuda()
+        c = compare(lambda: y @ y, lambda: y @ y, device="cuda", budget_s=0.5)
+        assert c.device == "cuda" and c.rounds > 0 and c.threads is None
+    else:
+        with pytest.raises(DeviceUnavailableError, match="cuda"):
+            compare(matmul, matmul, device="cuda")
+    with pytest.raises(DeviceUnavailableError, match="meta"):
+        compare(matmul, matmul, device="meta")
+
+
+# ------------------------------------------------------------------------- statistics
+
+
+def test_verdict_thresholds() -> None:
+    assert verdict(_comparison(1.03, 1.2)) == "faster"
+    assert verdict(_comparison(1.01, 1.2)) == "within noise"
+    assert verdict(_comparison(1.01, 1.2), epsilon=0.0) == "faster"
+    assert verdict(_comparison(0.8, 0.99)) == "slower"
+    assert verdict(_comparison(0.9, 1.1)) == "within noise"
+
+
+def test_median_interval_uses_sign_test_ranks() -> None:
+    values = [float(v) for v in range(20, 0, -1)]
+    assert median_interval(values, 0.95) == (10.5, 6.0, 15.0)
+    center, low, high = median_interval(values[:5], 0.95)
+    assert center == 18.0 and (low, high) == (-math.inf, math.inf)
+
+
+def test_summarise_is_a_ratio_of_paired_samples() -> None:
+    speedup, low, high = summarise([2.0, 4.0, 2.0] * 4, [1.0, 2.0, 1.0] * 4, 0.95)
+    assert speedup == pytest.approx(2.0) and low == pytest.approx(2.0)
+    assert high == pytest.approx(2.0)
+    data = Comparison([1.0], [1.0], 1.0, -math.inf, math.inf, 1, "budget").to_dict()
+    assert data["ci_low"] is None and data["ci_high"] is None
+
+
+# ------------------------------------------------------------------------- outputs
+
+
+class HalfChain(nn.Module):
+    """Every step rounds to float16, so the module's own error is far above rtol=1e-4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.register_buffer("scale", torch.rand(64, generator=gen).half() + 0.5)
+        self.register_buffer("shift", torch.randn(64, generator=gen).half())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            x = x * self.scale + self.shift
+        return x
+
+
+def test_reordered_computation_is_accepted_and_wrong_one_rejected() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(512, 32).eval()
+    inputs = [(torch.randn(4, 512),), (torch.randn(4, 512),)]
+
+    def reordered(x: torch.Tensor) -> torch.Tensor:
+        return (x.unsqueeze(1) * lin.weight).flip(-1).sum(-1) + lin.bias
+
+    assert check_outputs(lin, reordered, inputs) is None
+    reason = check_outputs(lin, lambda x: lin(x) * 1.01, inputs)
+    assert reason is not None and "max error" in reason
+
+
+def test_float64_reference_sets_the_tolerance(monkeypatch: pytest.MonkeyPatch) -> None:
+    chain = HalfChain()
+    inputs = [(torch.randn(16, 64).half(),)]
+
+    def in_float32(x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        for _ in range(4):
+            y = y * chain.scale.float() + chain.shift.float()
+        return y.half()
+
+    assert check_outputs(chain, in_float32, inputs) is None
+    assert check_outputs(chain, lambda x: chain(x) * 1.02, inputs) is not None
+    monkeypatch.setattr(measure, "_float64_twin", lambda reference: None)
+    assert check_outputs(chain, in_float32, inputs) is not None
+
+
+def test_nondeterministic_reference_widens_the_tolerance() -> None:
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        return x + 1e-4 * torch.randn_like(x)
+
+    inputs = [(torch.randn(32, 32),)]
+    assert check_outputs(noisy, lambda x: x.clone(), inputs) is None
+    assert check_outputs(noisy, lambda x: x * 1.01, inputs) is not None
+
+
+def test_structural_mismatches_are_reported() -> None:
+    x = torch.randn(4, 6)
+    assert "elements differ" in str(
+        check_outputs(lambda x: x.argmax(-1), lambda x: x.argmin(-1), [(x,)])
+    )
+    assert "float64" in str(check_outputs(lambda x: x, lambda x: x.double(), [(x,)]))
+    assert "2 outputs" in str(check_outputs(lambda x: (x,), lambda x: (x, x), [(x,)]))
+    assert "raised" in str(check_outputs(lambda x: x, lambda x: x @ x, [(x,)]))
+    assert check_outputs(lambda x: x.log(), lambda x: x.log(), [(x,)]) is None
+    assert "nan" in str(check_outputs(lambda x: x.log(), lambda x: x.abs().log(), [(x,)]))
+
+
+def test_inputs_are_not_shared_between_calls() -> None:
+    def in_place(x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2)
+
+    x = torch.randn(5)
+    before = x.clone()
+    assert check_outputs(in_place, in_place, [(x,)]) is None
+    assert torch.equal(x, before)
+
+
+# ------------------------------------------------------------------------- inputs
+
+
+def test_fresh_inputs_change_floats_and_keep_integers() -> None:
+    image = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    inputs = (torch.randn(3, 5), torch.tensor([0, 3, 1]), torch.tensor([True, False]), 7, image)
+    variants = fresh_inputs(inputs, 3, seed=1)
+    assert len(variants) == 3
+    for v in variants:
+        assert torch.equal(v[1], inputs[1]) and torch.equal(v[2], inputs[2]) and v[3] == 7
+        for new, old in ((v[0], inputs[0]), (v[4], inputs[4])):
+            assert new.shape == old.shape and new.dtype == old.dtype
+            assert new.stride() == old.stride()
+            assert not torch.equal(new, old)
+            assert torch.equal(new.sign(), old.sign())
+    assert not torch.equal(variants[0][0], variants[1][0])
+    again = fresh_inputs(inputs, 3, seed=1)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(variants, again, strict=True))
+    half = fresh_inputs((torch.randn(4).half(),), 1)[0][0]
+    assert half.dtype == torch.float16

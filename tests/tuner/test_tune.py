@@ -1,0 +1,137 @@
+"""Whole-model tuning: never worse than the original, reproducible from its config alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.export import ExportedProgram
+from typer.testing import CliRunner
+
+from fxtune_cli import app
+from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, registered
+from tuner.capture import export_module, save_program
+from tuner.config import TunedConfig, apply_config
+from tuner.tune import TuneOptions, tune_program
+
+
+class SplitNormTanh(nn.Module):
+    """The seed's pattern at a size where fusing 24 small norms pays off on a CPU."""
+
+    def __init__(self, n: int = 24, d: int = 16) -> None:
+        super().__init__()
+        self.n, self.d = n, d
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        for norm in self.norms:
+            nn.init.normal_(norm.weight)
+            nn.init.normal_(norm.bias)
+        self.out = nn.Linear(n * d, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pieces = torch.split(x, self.d, dim=1)
+        return self.out(
+            torch.cat([torch.tanh(m(p)) for m, p in zip(self.norms, pieces, strict=True)], dim=1)
+        )
+
+
+def _program(module: nn.Module, *inputs: torch.Tensor) -> ExportedProgram:
+    return export_module(module.eval(), inputs)
+
+
+def test_tuning_fuses_the_seed_pattern_and_replays_exactly(tmp_path: Path) -> None:
+    program = _program(SplitNormTanh(), torch.randn(32, 24 * 16))
+    options = TuneOptions(budget_s=40, backends=["eager"], cache_path=tmp_path / "c.json")
+    outcome = tune_program(program, options)
+    config = outcome.config
+    assert config.verification.passed
+    assert config.backend == "eager"
+    fused = {step.pass_name for step in config.passes}
+    assert "fuse_horizontal_layernorm" in fused
+    assert config.whole_model.verdict == "faster"
+    assert config.whole_model.ci is not None and config.whole_model.ci[0] > 1.0
+
+    replayed = apply_config(program, TunedConfig.from_json(config.to_json()))
+    assert replayed.gm.code == outcome.tuned.gm.code
+    x = torch.randn(32, 24 * 16)
+    torch.testing.assert_close(replayed.gm(x), program.module()(x), rtol=1e-5, atol=1e-5)
+
+
+def test_original_stands_when_nothing_is_faster(tmp_path: Path) -> None:
+    with registered(SlowRelu):
+        options = TuneOptions(budget_s=20, backends=["eager"], passes=["test_slow_relu"])
+        outcome = tune_program(_program(ReluNet(), torch.randn(64, 64)), options)
+    config = outcome.config
+    assert config.passes == []
+    assert config.backend == "eager"
+    assert config.whole_model.name == "original"
+    assert "original stands" in (config.whole_model.reason or "")
+    assert [s.verdict for s in config.sites] == ["slower"]
+
+
+def test_retuning_reuses_the_cache(tmp_path: Path) -> None:
+    program = _program(SplitNormTanh(n=8), torch.randn(16, 8 * 16))
+    options = TuneOptions(budget_s=30, backends=["eager"], cache_path=tmp_path / "c.json")
+    first = tune_program(program, options).config
+    second = tune_program(program, options).config
+    measured = [s for s in first.sites if s.verdict != "not measured"]
+    assert second.tuning["cache_hits"] == len(measured) > 0
+    assert second.tuning["timed_candidates"] < first.tuning["timed_candidates"]
+    assert [(s.site_id, s.verdict) for s in second.sites] == [
+        (s.site_id, s.verdict) for s in first.sites
+    ]
+
+
+def test_cli_tune_writes_program_and_report(tmp_path: Path) -> None:
+    model = save_program(_program(SplitNormTanh(n=8), torch.randn(16, 128)), tmp_path / "m.pt2")
+    out, report = tmp_path / "out" / "tuned.pt2", tmp_path / "out" / "report.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            str(model),
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+            "--budget-s",
+            "20",
+            "--backend",
+            "eager",
+            "--progress-json",
+            "--cache",
+            str(tmp_path / "c.json"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    progress = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert progress[-1]["progress"] == 1.0
+    doc = json.loads(report.read_text())
+    assert set(doc) >= {"config", "profiles", "artifacts", "samples"}
+    assert doc["artifacts"]["program"] == "tuned.pt2"
+    assert set(doc["profiles"]) == {"baseline", "tuned"}
+    assert (report.parent / doc["artifacts"]["traces"]["baseline"]).exists()
+    TunedConfig.model_validate(doc["config"])
+    tuned = torch.export.load(out).module()
+    x = torch.randn(16, 128)
+    original = torch.export.load(model).module()
+    torch.testing.assert_close(tuned(x), original(x), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_refuses_a_non_archive(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pt2"
+    junk.write_text("nope")
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            str(junk),
+            "--out",
+            str(tmp_path / "o.pt2"),
+            "--report",
+            str(tmp_path / "r.json"),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "not a .pt2" in result.output
