@@ -25,8 +25,8 @@ class DecisionCache:
         self.hits = 0
 
     @staticmethod
-    def key(hardware: str, backend: str, pass_name: str, site_id: str) -> str:
-        return f"{hardware}::{backend}::{pass_name}::{site_id}"
+    def key(hardware: str, backend: str, pass_version: str, site_id: str) -> str:
+        return f"{hardware}::{backend}::{pass_version}::{site_id}"
 
     def get(self, key: str) -> dict[str, Any] | None:
         entry = self._entries.get(key)

@@ -143,7 +143,7 @@ class SiteSearch:
         count: int,
     ) -> dict:
         s = self.settings
-        key = DecisionCache.key(s.hardware_key, s.backend, site.pass_name, site.id)
+        key = DecisionCache.key(s.hardware_key, s.backend, graph_pass.version(), site.id)
         cached = self.cache.get(key)
         if cached is not None:
             return {**cached, "count": count, "summary": site.summary, "cached": True}
@@ -158,7 +158,8 @@ class SiteSearch:
             decision = _decision(
                 site, count, "failed to run", reason=f"{type(exc).__name__}: {exc}"
             )
-        self.cache.put(key, decision)
+        if decision["verdict"] != "failed to run":
+            self.cache.put(key, decision)
         return decision
 
     def run(

@@ -28,6 +28,7 @@ from tuner.hardware import check_device, describe, hardware_key
 from tuner.measure import check_outputs, compare, fresh_inputs, verdict
 from tuner.passes import pass_names
 from tuner.search import Progress, SearchSettings, SiteSearch
+from tuner.sites import Site
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Tuner:
         self.cache = DecisionCache(options.cache_path)
         self.samples: dict[str, dict[str, list[float]]] = {}
         self.timed = 0
+        self.build_s: dict[str, float] = {}  # seconds the first build+check took, per backend
 
     def _remaining(self, started: float) -> float:
         return self.options.budget_s - (time.monotonic() - started)
@@ -106,36 +108,26 @@ class Tuner:
     def _candidates(
         self, gm0: fx.GraphModule, inputs: Inputs, greedy: list[PassStep], every: list[str]
     ) -> list[Candidate]:
+        """Whole-model candidates, most promising first, so a tight budget drops the least."""
         blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
-        blind_steps = [PassStep(pass_name=s.pass_name, sites=[s.id]) for s in blind.applied]
-        plain = Transformed(gm0, inputs)
-        tuned = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy))
+        blind_steps = _steps_from_sites(blind.applied)
+
+        def tuned() -> Transformed:
+            return apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy))
+
+        def every_pass() -> Transformed:
+            return apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+
         wanted = self.options.backends or backends.available_backends(self.device)
+        blind_differs = bool(blind.applied) and blind_steps != greedy
         out: list[Candidate] = []
-        if "eager" in wanted and greedy:
-            out.append(Candidate("eager + tuned passes", "eager", greedy, tuned))
-        if "eager" in wanted and blind.applied and blind_steps != greedy:
-            out.append(Candidate("eager + every pass", "eager", blind_steps, blind))
-        for b in (x for x in wanted if x != "eager"):
-            out.append(Candidate(f"{b}", b, [], plain))
+        for b in wanted:
             if greedy:
-                out.append(
-                    Candidate(
-                        f"{b} + tuned passes",
-                        b,
-                        greedy,
-                        apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy)),
-                    )
-                )
-            if blind.applied and blind_steps != greedy:
-                out.append(
-                    Candidate(
-                        f"{b} + every pass",
-                        b,
-                        blind_steps,
-                        apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every]),
-                    )
-                )
+                out.append(Candidate(f"{b} + tuned passes", b, greedy, tuned()))
+            if b != "eager":
+                out.append(Candidate(b, b, [], Transformed(gm0, inputs)))
+            if blind_differs:
+                out.append(Candidate(f"{b} + every pass", b, blind_steps, every_pass()))
         return out
 
     def _judge(
@@ -229,10 +221,13 @@ class Tuner:
         )
         replay = apply_config(program, config)
         replay.gm.to(self.device)
-        runner = chosen.runner or backends.build(chosen.backend, replay.gm)
+        runner = chosen.runner if chosen.runner is not None else replay.gm
         trials = fresh_inputs(inputs, 3, seed=1234)
+        # The replayed config (eager) and the chosen runner must both match the original.
+        wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
+        if wrong is None:
+            wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
         abs_err, rel_err = _errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
-        wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
         config.verification = Verification(
             inputs=len(trials),
             max_abs_error=abs_err,
@@ -240,6 +235,16 @@ class Tuner:
             passed=wrong is None,
             reason=wrong,
         )
+        if wrong is not None:
+            config.whole_model = Figures(
+                name="original",
+                backend="eager",
+                passes=[],
+                verdict="wrong outputs",
+                reason=f"the tuned module failed verification ({wrong}); the original stands",
+            )
+            config.backend, config.passes, config.changes_inputs = "eager", [], False
+            replay, runner = Transformed(gm0, inputs), gm0
         config.tuning = {
             "seconds": round(time.monotonic() - started, 2),
             "budget_s": self.options.budget_s,
@@ -250,6 +255,20 @@ class Tuner:
         }
         say(0.9, "tuning done")
         return TuneOutcome(config, program, replay, runner, self.samples)
+
+
+def _steps_from_sites(sites: list[Site]) -> list[PassStep]:
+    """Consecutive sites of one pass become one step, in the order they were applied."""
+    steps: list[PassStep] = []
+    for site in sites:
+        if steps and steps[-1].pass_name == site.pass_name:
+            if site.id not in steps[-1].sites:
+                steps[-1].sites.append(site.id)
+        else:
+            steps.append(PassStep(pass_name=site.pass_name, sites=[site.id]))
+    for step in steps:
+        step.sites.sort()
+    return steps
 
 
 def _median(xs: list[float]) -> float | None:

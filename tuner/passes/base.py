@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -40,6 +42,12 @@ class GraphPass(ABC):
     def input_packer(self, gm: fx.GraphModule, site: Site) -> Callable[[tuple], tuple] | None:
         """Passes that change the program's inputs return how to turn old inputs into new ones."""
         return None
+
+    @classmethod
+    def version(cls) -> str:
+        """Name plus a hash of the pass's source: a changed pass is measured afresh."""
+        source = inspect.getsource(inspect.getmodule(cls) or cls)
+        return f"{cls.name}@{hashlib.sha256(source.encode()).hexdigest()[:10]}"
 
     @staticmethod
     def nodes_of(gm: fx.GraphModule, site: Site) -> list[fx.Node]:
