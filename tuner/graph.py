@@ -79,7 +79,7 @@ def add_weight(gm: fx.GraphModule, stem: str, tensor: torch.Tensor) -> str:
 
 
 def mutated_nodes(gm: fx.GraphModule) -> set[fx.Node]:
-    """Nodes whose tensor is written in place somewhere (and every alias we can see of it)."""
+    """Nodes written in place directly; `mutated_aliases` adds every view sharing their storage."""
     mutated: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
@@ -162,7 +162,7 @@ def _alias_sources(node: fx.Node) -> list[fx.Node]:
 def mutated_aliases(gm: fx.GraphModule) -> set[fx.Node]:
     """Nodes that share storage with a tensor written in place (through any chain of views).
 
-    `mutated_nodes` sees only the direct target: `x.view(-1).mul_(2)` marks the view, not `x`.
+    `mutated_nodes` gives only the direct target: `x.view(-1).mul_(2)` marks the view, not `x`.
     Rewrites that re-read or alias a tensor must refuse every node of such an alias class,
     since re-sorting the graph may move their reads across the write.
     """
