@@ -7,6 +7,7 @@ the tuned module is reproduced exactly from the original plus this JSON.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,12 +16,32 @@ from torch.export import ExportedProgram
 
 from tuner.apply import Transformed, apply_steps
 from tuner.capture import example_inputs, to_graph_module
+from tuner.measure import Comparison
 
 SCHEMA_VERSION = 1
 
 Verdict = Literal[
     "faster", "slower", "within noise", "wrong outputs", "failed to run", "not measured"
 ]
+
+
+# A bound is None where too few rounds were timed to bound the speedup on that side.
+Interval = tuple[float | None, float | None]
+
+
+def timing_fields(c: Comparison) -> dict[str, Any]:
+    """The summary of an A/B comparison as stored in a config (raw samples go to the report)."""
+
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {
+        "baseline_s": finite(c.baseline_median_s),
+        "candidate_s": finite(c.candidate_median_s),
+        "speedup": finite(c.speedup),
+        "ci": (finite(c.ci_low), finite(c.ci_high)),
+        "rounds": c.rounds,
+    }
 
 
 class PassStep(BaseModel):
@@ -40,7 +61,7 @@ class SiteDecision(BaseModel):
     baseline_s: float | None = None
     candidate_s: float | None = None
     speedup: float | None = None
-    ci: tuple[float, float] | None = None
+    ci: Interval | None = None
     rounds: int = 0
     verdict: Verdict
     accepted: bool
@@ -59,7 +80,8 @@ class Figures(BaseModel):
     baseline_s: float | None = None
     candidate_s: float | None = None
     speedup: float | None = None
-    ci: tuple[float, float] | None = None
+    ci: Interval | None = None
+    rounds: int = 0
     verdict: Verdict
     reason: str | None = None
 

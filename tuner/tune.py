@@ -22,7 +22,15 @@ from tuner import backends
 from tuner.apply import Transformed, apply_steps
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, example_inputs, to_graph_module
-from tuner.config import Figures, PassStep, TunedConfig, Verification, apply_config, steps_of
+from tuner.config import (
+    Figures,
+    PassStep,
+    TunedConfig,
+    Verification,
+    apply_config,
+    steps_of,
+    timing_fields,
+)
 from tuner.fingerprint import graph_fingerprint
 from tuner.hardware import check_device, describe, hardware_key
 from tuner.measure import check_outputs, compare, fresh_inputs, verdict
@@ -156,14 +164,10 @@ class Tuner:
             "baseline_s": c.baseline_s,
             "candidate_s": c.candidate_s,
         }
-        return Figures(
-            **fig,
-            baseline_s=_median(c.baseline_s),
-            candidate_s=_median(c.candidate_s),
-            speedup=c.speedup,
-            ci=(c.ci_low, c.ci_high),
-            verdict=verdict(c, self.options.epsilon),
-        )
+        if c.rounds == 0:
+            reason = "no timed round fitted in what was left of the time budget"
+            return Figures(**fig, verdict="not measured", reason=reason)
+        return Figures(**fig, **timing_fields(c), verdict=verdict(c, self.options.epsilon))
 
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         started = time.monotonic()
@@ -195,7 +199,7 @@ class Tuner:
             (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == "faster"
         ]
         if winners:
-            chosen_fig, chosen = max(winners, key=lambda fc: fc[0].ci[0] if fc[0].ci else 0.0)
+            chosen_fig, chosen = max(winners, key=lambda fc: (fc[0].ci or (0.0,))[0] or 0.0)
         else:
             reason = "no candidate was faster than the original beyond noise; the original stands"
             chosen_fig = Figures(
@@ -269,10 +273,6 @@ def _steps_from_sites(sites: list[Site]) -> list[PassStep]:
     for step in steps:
         step.sites.sort()
     return steps
-
-
-def _median(xs: list[float]) -> float | None:
-    return sorted(xs)[len(xs) // 2] if xs else None
 
 
 def tune_program(
