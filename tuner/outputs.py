@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,12 @@ def write_outputs(
     save_program(to_program(replay.gm, inputs), out)
     artifacts: dict[str, Any] = {"program": _rel(out, report), "aoti": None, "traces": {}}
     if config.backend == "inductor":
-        say(0.94, "compiling AOTInductor package")
-        aoti = backends.package_aoti(torch.export.load(out), aoti_path_for(out))
+        say(0.94, "writing the AOTInductor package")
+        aoti = aoti_path_for(out)
+        if outcome.package is not None:
+            shutil.copyfile(outcome.package, aoti)
+        else:
+            backends.package_aoti(torch.export.load(out), aoti)
         packaged = backends.load_aoti(aoti)
         original = outcome.original.module().to(device)
         originals = tuple(_to_device(x, device) for x in example_inputs(outcome.original))

@@ -8,6 +8,7 @@ chosen only when its speedup interval clears 1 + epsilon; otherwise the original
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class TuneOptions:
     backends: list[str] | None = None  # default: every backend available for the device
     passes: list[str] | None = None  # default: every registered pass
     cache_path: Path | None = None
+    workdir: Path | None = None  # where compiled packages go; a temporary folder by default
     whole_model_budget_s: float = 6.0
     site_budget_s: float = 1.5
     profile: bool = True
@@ -59,6 +61,7 @@ class Candidate:
     passes: list[PassStep]
     transformed: Transformed
     runner: Callable[..., Any] | None = None
+    package: Path | None = None
 
 
 @dataclass
@@ -68,6 +71,7 @@ class TuneOutcome:
     tuned: Transformed
     runner: Callable[..., Any]
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    package: Path | None = None  # the AOTInductor package of the chosen module, if inductor
 
 
 def _to_device(x: Any, device: str) -> Any:
@@ -109,6 +113,7 @@ class Tuner:
         self.samples: dict[str, dict[str, list[float]]] = {}
         self.timed = 0
         self.build_s: dict[str, float] = {}  # seconds the first build+check took, per backend
+        self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="fxtune-"))
 
     def _remaining(self, started: float) -> float:
         return self.options.budget_s - (time.monotonic() - started)
@@ -146,8 +151,9 @@ class Tuner:
             return Figures(**fig, verdict="not measured", reason="time budget spent")
         t = cand.transformed
         try:
-            runner = backends.build(cand.backend, t.gm)
-            cand.runner = runner
+            built = backends.build(cand.backend, t.gm, t.inputs, self.workdir)
+            runner = cand.runner = built.runner
+            cand.package = built.package
             wrong = check_outputs(
                 gm0, lambda *a: runner(*t.pack(a)), [inputs, *fresh_inputs(inputs, 2)]
             )
@@ -199,7 +205,7 @@ class Tuner:
             (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == "faster"
         ]
         if winners:
-            chosen_fig, chosen = max(winners, key=lambda fc: (fc[0].ci or (0.0,))[0] or 0.0)
+            chosen_fig, chosen = max(winners, key=lambda fc: fc[0].speedup or 0.0)
         else:
             reason = "no candidate was faster than the original beyond noise; the original stands"
             chosen_fig = Figures(
@@ -258,7 +264,8 @@ class Tuner:
             "epsilon": self.options.epsilon,
         }
         say(0.9, "tuning done")
-        return TuneOutcome(config, program, replay, runner, self.samples)
+        package = chosen.package if config.backend == "inductor" else None
+        return TuneOutcome(config, program, replay, runner, self.samples, package)
 
 
 def _steps_from_sites(sites: list[Site]) -> list[PassStep]:

@@ -1,0 +1,29 @@
+"""Config lookup by model fingerprint: what a deployment holding only the model uses."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from service.api.deps import Reader, StoreDep
+from service.api.responses import config_response
+from service.api.schemas import Device
+
+router = APIRouter(tags=["configs"])
+
+
+@router.get(
+    "/configs/{fingerprint}",
+    dependencies=[Reader],
+    responses={200: {"description": "The tuned config (JSON), with an ETag"}, 304: {}},
+)
+def get_config_by_fingerprint(
+    fingerprint: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")],
+    request: Request,
+    store: StoreDep,
+    device: Annotated[Device, Query()] = "cpu",
+    hardware: Annotated[str | None, Query()] = None,
+) -> Response:
+    """The newest tuned config for this fingerprint (`tuner.fingerprint.model_fingerprint`)."""
+    return config_response(request, store.get_config_by_fingerprint(fingerprint, device, hardware))

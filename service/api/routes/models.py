@@ -1,0 +1,264 @@
+"""Uploading models, asking for tuning, and getting the tuned config, program and report back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import ArtifactsDep, Reader, SettingsDep, StoreDep, Writer
+from service.api.multipart import missing_field, read_form
+from service.api.responses import config_response, not_found
+from service.api.schemas import Device, JobCreate, JobOut, ModelOut, UploadOptions
+from service.store import ConfigSummary, TunedConfig
+from tuner.errors import ArtifactFormatError
+from tuner.load import check_archive
+
+router = APIRouter(tags=["models"])
+
+MB = 1024 * 1024
+DeviceQuery = Annotated[Device, Query(description="Target device the config was tuned for")]
+HardwareQuery = Annotated[
+    str | None, Query(description="Exact hardware key; the newest config wins when omitted")
+]
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "name": {"type": "string"},
+                        "tune": {"type": "boolean", "default": False},
+                        "device": {"type": "string", "enum": ["cpu", "cuda", "xla"]},
+                        "budget_s": {"type": "number"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _options(request: Request, fields: dict[str, str]) -> UploadOptions:
+    raw: dict[str, Any] = {**request.query_params, **fields}
+    raw.pop("file", None)
+    try:
+        return UploadOptions.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for e in errors:
+            e["loc"] = ("body", *e["loc"])
+        raise RequestValidationError(errors) from None
+
+
+@router.post(
+    "/models",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ModelOut,
+    dependencies=[Writer],
+    openapi_extra=UPLOAD_BODY,
+    responses={200: {"description": "These bytes were uploaded before", "model": ModelOut}},
+)
+async def upload_model(
+    request: Request,
+    response: Response,
+    store: StoreDep,
+    artifacts: ArtifactsDep,
+    settings: SettingsDep,
+) -> ModelOut:
+    """Upload a `.pt2` (multipart field `file`); `tune=true` queues a job at once."""
+    cap = int(settings.max_upload_mb * MB)
+    form = await read_form(
+        request,
+        artifacts,
+        file_fields=frozenset({"file"}),
+        max_file_bytes=cap,
+        max_body_bytes=cap + MB,
+    )
+    try:
+        spool = form.files.get("file")
+        if spool is None:
+            raise missing_field("file")
+        options = _options(request, form.fields)
+        try:
+            await run_in_threadpool(check_archive, spool.path)
+        except ArtifactFormatError as exc:
+            raise _unsupported(str(exc)) from None
+        name = options.name or Path(spool.filename or "").stem or spool.sha256[:12]
+        artifacts.put(spool)
+        model, created = await run_in_threadpool(store.add_model, spool.sha256, name, spool.size)
+    finally:
+        form.discard()
+    job = None
+    if options.tune:
+        job, _ = await run_in_threadpool(
+            store.enqueue_job, model.id, options.device, options.budget_s
+        )
+    configs = await run_in_threadpool(store.list_configs, [model.id])
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return ModelOut.of(model, configs, job)
+
+
+def _unsupported(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail)
+
+
+@router.get("/models", response_model=list[ModelOut], dependencies=[Reader])
+def list_models(
+    store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[ModelOut]:
+    models = store.list_models(limit, offset)
+    by_model: dict[int, list[ConfigSummary]] = {}
+    for c in store.list_configs([m.id for m in models]):
+        by_model.setdefault(c.model_id, []).append(c)
+    return [ModelOut.of(m, by_model.get(m.id, [])) for m in models]
+
+
+@router.get("/models/{model_id}", response_model=ModelOut, dependencies=[Reader])
+def get_model(model_id: int, store: StoreDep) -> ModelOut:
+    model = store.get_model(model_id)
+    return ModelOut.of(model, store.list_configs([model_id]))
+
+
+@router.get(
+    "/models/{model_id}/file",
+    response_class=FileResponse,
+    dependencies=[Reader],
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def download_upload(model_id: int, store: StoreDep, artifacts: ArtifactsDep) -> FileResponse:
+    """The uploaded program as it came in (what workers download)."""
+    model = store.get_model(model_id)
+    return _file(artifacts.path(model.sha256), f"{model.name}.pt2", model.sha256)
+
+
+@router.post(
+    "/models/{model_id}/jobs",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    dependencies=[Writer],
+)
+def create_job(model_id: int, body: JobCreate, store: StoreDep) -> JobOut:
+    """Queue tuning for a device; an unfinished job for the same device is returned instead."""
+    job, _ = store.enqueue_job(model_id, body.device, body.budget_s)
+    return JobOut.of(job)
+
+
+@router.get(
+    "/models/{model_id}/config",
+    dependencies=[Reader],
+    responses={200: {"description": "The tuned config (JSON), with an ETag"}, 304: {}},
+)
+def get_config(
+    model_id: int,
+    request: Request,
+    store: StoreDep,
+    device: DeviceQuery = "cpu",
+    hardware: HardwareQuery = None,
+) -> Response:
+    """The tuned config; send If-None-Match with the last ETag to get a cheap 304."""
+    return config_response(request, _tuned(store, model_id, device, hardware))
+
+
+def _tuned(
+    store: StoreDep, model_id: int, device: str, hardware: str | None, details: bool = False
+) -> TunedConfig:
+    store.get_model(model_id)  # an unknown model is its own 404, not "no config yet"
+    return store.get_config(model_id, device, hardware, details)
+
+
+@router.get(
+    "/models/{model_id}/artifact",
+    response_class=FileResponse,
+    dependencies=[Reader],
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def get_artifact(
+    model_id: int,
+    store: StoreDep,
+    artifacts: ArtifactsDep,
+    device: DeviceQuery = "cpu",
+    format: Annotated[Literal["pt2", "aoti"], Query()] = "pt2",
+    hardware: HardwareQuery = None,
+) -> FileResponse:
+    """The transformed program (`.pt2`), or the AOTInductor package with `format=aoti`."""
+    tuned = _tuned(store, model_id, device, hardware)
+    model = store.get_model(model_id)
+    if format == "aoti":
+        if tuned.aoti_sha256 is None:
+            raise not_found(f"no AOTInductor package for model {model_id} on {device}")
+        return _file(artifacts.path(tuned.aoti_sha256), f"{model.name}.aoti.pt2", tuned.aoti_sha256)
+    return _file(
+        artifacts.path(tuned.program_sha256), f"{model.name}.tuned.pt2", tuned.program_sha256
+    )
+
+
+@router.get("/models/{model_id}/report", dependencies=[Reader])
+def get_report(
+    model_id: int,
+    store: StoreDep,
+    artifacts: ArtifactsDep,
+    device: DeviceQuery = "cpu",
+    hardware: HardwareQuery = None,
+) -> JSONResponse:
+    """The worker's report.json (config with per-site decisions, profiles), artifacts as URLs."""
+    tuned = _tuned(store, model_id, device, hardware, details=True)
+    path = artifacts.path(tuned.report_sha256)
+    if not path.is_file():
+        raise not_found(f"report {tuned.report_sha256[:12]} is missing from the store")
+    report = json.loads(path.read_bytes())
+    base = f"/api/v1/models/{model_id}"
+    query = f"device={device}&hardware={quote(tuned.summary.hardware_key)}"
+    report["artifacts"] = {
+        "program": f"{base}/artifact?{query}",
+        "aoti": f"{base}/artifact?{query}&format=aoti" if tuned.aoti_sha256 else None,
+        "traces": {
+            p.kind: f"{base}/trace?{query}&kind={p.kind}" for p in tuned.profiles if p.trace_sha256
+        },
+    }
+    report["tuned"] = {
+        "model_id": model_id,
+        "device": device,
+        "hardware_key": tuned.summary.hardware_key,
+        "job_id": tuned.summary.job_id,
+        "updated_at": tuned.summary.updated_at.isoformat(),
+    }
+    return JSONResponse(report)
+
+
+@router.get("/models/{model_id}/trace", response_class=FileResponse, dependencies=[Reader])
+def get_trace(
+    model_id: int,
+    store: StoreDep,
+    artifacts: ArtifactsDep,
+    kind: Annotated[Literal["baseline", "tuned"], Query()],
+    device: DeviceQuery = "cpu",
+    hardware: HardwareQuery = None,
+) -> FileResponse:
+    """A profiler trace (Chrome trace JSON; open it in Perfetto or chrome://tracing)."""
+    tuned = _tuned(store, model_id, device, hardware, details=True)
+    sha = next((p.trace_sha256 for p in tuned.profiles if p.kind == kind), None)
+    if sha is None:
+        raise not_found(f"no {kind} trace for model {model_id} on {device}")
+    return _file(artifacts.path(sha), f"{model_id}-{device}-{kind}.trace.json", sha, "json")
+
+
+def _file(path: Path, filename: str, sha256: str, kind: str = "binary") -> FileResponse:
+    if not path.is_file():
+        raise not_found(f"artifact {sha256[:12]} is missing from the store")
+    media = "application/json" if kind == "json" else "application/octet-stream"
+    return FileResponse(path, media_type=media, filename=filename, headers={"ETag": f'"{sha256}"'})

@@ -1,0 +1,151 @@
+"""Request and response bodies of the HTTP API (the contract in DESIGN.md)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.store import ConfigSummary, Job, Model
+
+Device = Literal["cpu", "cuda", "xla"]
+Budget = Field(default=None, gt=0, le=7 * 24 * 3600, description="Tuning time budget, seconds")
+
+
+class ConfigSummaryOut(BaseModel):
+    device: str
+    hardware_key: str
+    fingerprint: str
+    backend: str | None
+    speedup: float | None
+    etag: str
+    has_aoti: bool
+    job_id: int | None
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, c: ConfigSummary) -> ConfigSummaryOut:
+        return cls(
+            device=c.device,
+            hardware_key=c.hardware_key,
+            fingerprint=c.fingerprint,
+            backend=c.backend,
+            speedup=c.speedup,
+            etag=c.etag,
+            has_aoti=c.has_aoti,
+            job_id=c.job_id,
+            updated_at=c.updated_at,
+        )
+
+
+class JobOut(BaseModel):
+    id: int
+    model_id: int
+    device: str
+    status: Literal["queued", "running", "succeeded", "failed"]
+    budget_s: float | None
+    attempts: int
+    max_attempts: int
+    progress: float
+    message: str | None
+    error: str | None
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    not_before: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, j: Job) -> JobOut:
+        return cls.model_validate(j, from_attributes=True)
+
+
+class ModelOut(BaseModel):
+    id: int
+    sha256: str
+    name: str
+    size_bytes: int
+    fingerprint: str | None
+    created_at: datetime
+    configs: list[ConfigSummaryOut] = []
+    job: JobOut | None = Field(default=None, description="The tuning job, when one was asked for")
+
+    @classmethod
+    def of(cls, m: Model, configs: list[ConfigSummary] = (), job: Job | None = None) -> ModelOut:
+        return cls(
+            id=m.id,
+            sha256=m.sha256,
+            name=m.name,
+            size_bytes=m.size_bytes,
+            fingerprint=m.fingerprint,
+            created_at=m.created_at,
+            configs=[ConfigSummaryOut.of(c) for c in configs],
+            job=JobOut.of(job) if job else None,
+        )
+
+
+class UploadOptions(BaseModel):
+    """Form fields (or query parameters) that may come with an upload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=255)
+    tune: bool = False
+    device: Device = "cpu"
+    budget_s: float | None = Budget
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: Device
+    budget_s: float | None = Budget
+
+
+class ClaimIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str = Field(min_length=1, max_length=255)
+    device: Device
+    hardware: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelRef(BaseModel):
+    id: int
+    sha256: str
+    size_bytes: int
+    name: str
+
+
+class ClaimOut(BaseModel):
+    job: JobOut
+    lease_token: str
+    lease_s: float
+    model: ModelRef
+    artifact_url: str = Field(description="Where to download the uploaded program (GET)")
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lease_token: str = Field(min_length=1, max_length=64)
+    progress: float | None = Field(default=None, ge=0, le=1)
+    message: str | None = Field(default=None, max_length=2000)
+
+
+class FailIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lease_token: str = Field(min_length=1, max_length=64)
+    error: str = Field(min_length=1, max_length=20000)
+    retryable: bool = Field(
+        default=True, description="False for errors another attempt cannot fix (bad model)"
+    )
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    schema_revision: str

@@ -1,0 +1,186 @@
+"""`fxtune serve` and `fxtune submit`; heavy imports stay inside the commands."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+ServerOpt = Annotated[
+    str | None, typer.Option(help=f"Service URL (env FXTUNE_SERVER, else {DEFAULT_SERVER})")
+]
+TokenOpt = Annotated[
+    str | None, typer.Option(help="Bearer token (env FXTUNE_API_TOKEN)", show_default=False)
+]
+
+
+def _local_url(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def spawn_worker(server: str, device: str) -> subprocess.Popen[bytes]:
+    """The embedded worker is a child that talks HTTP like any other worker."""
+    cmd = [sys.executable, "-m", "fxtune_cli", "worker", "--server", server, "--device", device]
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+
+
+def stop_child(proc: subprocess.Popen[bytes], grace_s: float = 15) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@app.command("serve")
+def serve_cmd(
+    host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    embedded_worker: Annotated[
+        bool, typer.Option(help="Also run one worker as a child process")
+    ] = False,
+    worker_device: Annotated[str, typer.Option(help="Device of the embedded worker")] = "cpu",
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Run the HTTP API (uvicorn); settings come from FXTUNE_* variables."""
+    import uvicorn
+
+    from service.core.config import get_settings
+    from service.db.engine import make_engine
+    from service.db.migrate import SchemaMismatch, upgrade_to_head
+    from service.main import create_app
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        upgrade_to_head(engine)  # fail here, clearly, rather than inside uvicorn's start-up
+    except SchemaMismatch as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        engine.dispose()
+    worker = spawn_worker(_local_url(host, port), worker_device) if embedded_worker else None
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    finally:
+        if worker is not None:
+            stop_child(worker)
+
+
+def _client(server: str | None, token: str | None) -> Any:
+    import httpx
+
+    token = token or os.environ.get("FXTUNE_API_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    base = server or os.environ.get("FXTUNE_SERVER") or DEFAULT_SERVER
+    return httpx.Client(base_url=base.rstrip("/"), headers=headers, timeout=600)
+
+
+def _check(resp: Any) -> dict[str, Any]:
+    if resp.is_error:
+        detail: Any = resp.text
+        with contextlib.suppress(ValueError):
+            detail = resp.json().get("detail", detail)
+        typer.echo(f"error: {resp.status_code} {detail}", err=True)
+        raise typer.Exit(1)
+    return resp.json()
+
+
+@app.command("submit")
+def submit_cmd(
+    model: Annotated[Path, typer.Argument(help="A torch.export program saved as .pt2")],
+    server: ServerOpt = None,
+    device: Annotated[str, typer.Option(help="Device to tune for: cpu, cuda or xla")] = "cpu",
+    budget_s: Annotated[
+        float | None, typer.Option(help="Tuning budget in seconds", show_default=False)
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Display name", show_default=False)] = None,
+    wait: Annotated[bool, typer.Option(help="Follow the job until it ends")] = False,
+    token: TokenOpt = None,
+) -> None:
+    """Upload MODEL and queue it for tuning; with --wait, follow the job with a progress bar."""
+    import httpx
+
+    if not model.is_file():
+        typer.echo(f"error: no such file: {model}", err=True)
+        raise typer.Exit(2)
+    fields = {"tune": "true", "device": device}
+    if budget_s is not None:
+        fields["budget_s"] = str(budget_s)
+    if name:
+        fields["name"] = name
+    try:
+        with _client(server, token) as http, model.open("rb") as f:
+            body = _check(http.post("/api/v1/models", data=fields, files={"file": (model.name, f)}))
+            job = body["job"]
+            sha = body["sha256"][:12]
+            typer.echo(f"model {body['id']} ({sha}), job {job['id']}: {job['status']}")
+            if wait:
+                final = follow_job(http, job["id"])
+                _print_outcome(http, final)
+                if final["status"] != "succeeded":
+                    raise typer.Exit(1)
+    except httpx.TransportError as exc:
+        typer.echo(f"error: cannot reach the service: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def follow_job(http: Any, job_id: int, poll_s: float = 0.5) -> dict[str, Any]:
+    """Poll one job with a rich progress bar until it succeeds or fails."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("job {task.fields[job]}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}: {task.description}"),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("queued", total=1.0, job=job_id, status="queued")
+        while True:
+            job = _check(http.get(f"/api/v1/jobs/{job_id}"))
+            message = (job.get("message") or "")[:60]
+            bar.update(task, completed=job["progress"], description=message, status=job["status"])
+            if job["status"] in ("succeeded", "failed"):
+                return job
+            time.sleep(poll_s)
+
+
+def _print_outcome(http: Any, job: dict[str, Any]) -> None:
+    if job["status"] != "succeeded":
+        typer.echo(f"job {job['id']} failed: {job.get('error')}", err=True)
+        return
+    report = _check(
+        http.get(f"/api/v1/models/{job['model_id']}/report", params={"device": job["device"]})
+    )
+    whole = report["config"].get("whole_model", {})
+    speedup = whole.get("speedup")
+    shown = f"{speedup:.2f}x" if isinstance(speedup, int | float) else "n/a"
+    typer.echo(
+        f"tuned: backend {report['config'].get('backend')}, speedup {shown} "
+        f"({whole.get('verdict')}); config at /api/v1/models/{job['model_id']}/config"
+        f"?device={job['device']}"
+    )

@@ -1,0 +1,54 @@
+"""Service settings, read from `FXTUNE_*` environment variables (the deployment contract)."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "fxtune"
+
+
+class Settings(BaseSettings):
+    """Everything the service reads from its environment; `FXTUNE_<FIELD>` sets a field."""
+
+    model_config = SettingsConfigDict(env_prefix="FXTUNE_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    database_url: str | None = None
+    api_token: SecretStr | None = None
+    max_upload_mb: float = Field(default=512, gt=0)
+    max_result_mb: float = Field(default=2048, gt=0)
+    lease_s: float = Field(default=60, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    retry_backoff_s: float = Field(default=10, ge=0)
+    retry_backoff_max_s: float = Field(default=600, ge=0)
+    reap_interval_s: float = Field(default=5, gt=0)
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The configured URL, or SQLite under the data dir; `postgresql://` means psycopg 3."""
+        url = self.database_url or f"sqlite:///{self.data_dir / 'fxtune.db'}"
+        for prefix in ("postgresql://", "postgres://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix) :]
+        return url
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    @property
+    def token(self) -> str | None:
+        return self.api_token.get_secret_value() if self.api_token else None
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

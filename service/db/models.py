@@ -1,0 +1,173 @@
+"""The schema. Alembic migrations under migrations/ are the only way it reaches a database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed")
+DEVICES = ("cpu", "cuda", "xla")
+PROFILE_KINDS = ("baseline", "tuned")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every backend (SQLite stores naive ones and forgets the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class ModelRow(Base):
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    configs: Mapped[list[TunedConfigRow]] = relationship(back_populates="model")
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(f"status IN {JOB_STATUSES!r}", name="status"),
+        Index("ix_jobs_claim", "status", "device", "not_before"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    device: Mapped[str] = mapped_column(String(16))
+    budget_s: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None]
+    not_before: Mapped[datetime | None]
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str | None] = mapped_column(String(500))
+    error: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    worker_hardware: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class TunedConfigRow(Base):
+    """The best config for one model on one kind of hardware; a newer tuning run replaces it."""
+
+    __tablename__ = "tuned_configs"
+    __table_args__ = (
+        UniqueConstraint("model_id", "device", "hardware_key", name="uq_tuned_configs_target"),
+        Index("ix_tuned_configs_lookup", "fingerprint", "device"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    device: Mapped[str] = mapped_column(String(16))
+    hardware_key: Mapped[str] = mapped_column(String(255))
+    hardware: Mapped[dict[str, Any]]
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str | None] = mapped_column(String(32))
+    speedup: Mapped[float | None] = mapped_column(Float)
+    config: Mapped[dict[str, Any]]
+    etag: Mapped[str] = mapped_column(String(80))
+    program_sha256: Mapped[str] = mapped_column(String(64))
+    aoti_sha256: Mapped[str | None] = mapped_column(String(64))
+    report_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    model: Mapped[ModelRow] = relationship(back_populates="configs")
+    sites: Mapped[list[SiteDecisionRow]] = relationship(
+        cascade="all, delete-orphan", order_by="SiteDecisionRow.id"
+    )
+    profiles: Mapped[list[ProfileRow]] = relationship(
+        cascade="all, delete-orphan", order_by="ProfileRow.kind"
+    )
+
+
+class SiteDecisionRow(Base):
+    """One site's verdict, kept as rows so the dashboard can query across models."""
+
+    __tablename__ = "site_decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    config_id: Mapped[int] = mapped_column(
+        ForeignKey("tuned_configs.id", ondelete="CASCADE"), index=True
+    )
+    site_id: Mapped[str] = mapped_column(String(128), index=True)
+    pass_names: Mapped[list[Any]]
+    baseline_s: Mapped[float | None] = mapped_column(Float)
+    candidate_s: Mapped[float | None] = mapped_column(Float)
+    speedup: Mapped[float | None] = mapped_column(Float)
+    ci_low: Mapped[float | None] = mapped_column(Float)
+    ci_high: Mapped[float | None] = mapped_column(Float)
+    accepted: Mapped[bool]
+    verdict: Mapped[str | None] = mapped_column(String(500))
+
+
+class ProfileRow(Base):
+    __tablename__ = "profiles"
+    __table_args__ = (UniqueConstraint("config_id", "kind", name="uq_profiles_config_kind"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    config_id: Mapped[int] = mapped_column(ForeignKey("tuned_configs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    summary: Mapped[dict[str, Any]]
+    trace_sha256: Mapped[str | None] = mapped_column(String(64))

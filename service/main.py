@@ -1,0 +1,107 @@
+"""The FastAPI application: migrations on start, the lease reaper, and JSON errors everywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from service.api.main import api_router
+from service.api.routes import health
+from service.artifacts import ArtifactStore
+from service.core.config import Settings, get_settings
+from service.db.engine import make_engine
+from service.db.migrate import upgrade_to_head
+from service.store import NotFound, QueuePolicy, StaleLease, StoreError
+from service.store.abstract import AbstractStore
+from service.store.sqlalchemy_store import SqlAlchemyStore
+
+log = logging.getLogger("fxtune.service")
+
+API_PREFIX = "/api/v1"
+
+
+def queue_policy(settings: Settings) -> QueuePolicy:
+    return QueuePolicy(
+        lease_s=settings.lease_s,
+        max_attempts=settings.max_attempts,
+        backoff_s=settings.retry_backoff_s,
+        backoff_max_s=settings.retry_backoff_max_s,
+    )
+
+
+async def reap_forever(store: AbstractStore, interval_s: float) -> None:
+    """Requeue jobs whose worker went silent, even while no worker is claiming."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            reaped = await run_in_threadpool(store.requeue_expired)
+        except Exception:
+            log.exception("reaper failed; trying again in %ss", interval_s)
+            continue
+        if reaped:
+            log.warning("requeued %d job(s) with expired leases", reaped)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(settings.resolved_database_url)
+        await run_in_threadpool(upgrade_to_head, engine)
+        artifacts = ArtifactStore(settings.artifacts_dir)
+        artifacts.clear_tmp()
+        store = SqlAlchemyStore(engine, queue_policy(settings))
+        app.state.settings = settings
+        app.state.engine = engine
+        app.state.store = store
+        app.state.artifacts = artifacts
+        reaper = asyncio.create_task(reap_forever(store, settings.reap_interval_s))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            engine.dispose()
+
+    app = FastAPI(
+        title="fxtune",
+        summary="Profiling-driven autotuning of torch.export programs",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.include_router(api_router, prefix=API_PREFIX)
+    app.include_router(health.router, include_in_schema=False)  # /healthz at the root too
+    _add_error_handlers(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def store_error(_: Request, exc: Exception) -> JSONResponse:
+        code = status.HTTP_404_NOT_FOUND if isinstance(exc, NotFound) else status.HTTP_409_CONFLICT
+        return JSONResponse({"detail": str(exc)}, status_code=code)
+
+    def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
+        bad_json = [e for e in errors if e.get("type") == "json_invalid"]
+        if bad_json:
+            msg = bad_json[0].get("ctx", {}).get("error", "invalid JSON")
+            return JSONResponse({"detail": f"malformed JSON body: {msg}"}, status_code=400)
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+    app.add_exception_handler(NotFound, store_error)
+    app.add_exception_handler(StaleLease, store_error)
+    app.add_exception_handler(StoreError, store_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

@@ -1,0 +1,31 @@
+"""Tracking store: an abstract interface and its SQLAlchemy implementation. ORM rows stay inside."""
+
+from service.store.abstract import AbstractStore
+from service.store.entities import (
+    Claim,
+    ConfigSummary,
+    Job,
+    Model,
+    Profile,
+    QueuePolicy,
+    SiteDecision,
+    TunedConfig,
+    TuningResult,
+)
+from service.store.errors import NotFound, StaleLease, StoreError
+
+__all__ = [
+    "AbstractStore",
+    "Claim",
+    "ConfigSummary",
+    "Job",
+    "Model",
+    "NotFound",
+    "Profile",
+    "QueuePolicy",
+    "SiteDecision",
+    "StaleLease",
+    "StoreError",
+    "TunedConfig",
+    "TuningResult",
+]

@@ -1,0 +1,103 @@
+"""The tracking-store interface the API is written against (MLflow's shape: abstract + SQL)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import datetime
+from typing import Any
+
+from service.store.entities import (
+    Claim,
+    ConfigSummary,
+    Job,
+    Model,
+    QueuePolicy,
+    TunedConfig,
+    TuningResult,
+)
+
+
+class AbstractStore(ABC):
+    """Models, the job queue and tuned configs. Every method is one transaction."""
+
+    policy: QueuePolicy
+
+    @abstractmethod
+    def add_model(self, sha256: str, name: str, size_bytes: int) -> tuple[Model, bool]:
+        """Register uploaded bytes; the same sha256 again returns the existing model (False)."""
+
+    @abstractmethod
+    def get_model(self, model_id: int) -> Model: ...
+
+    @abstractmethod
+    def list_models(self, limit: int = 100, offset: int = 0) -> list[Model]: ...
+
+    @abstractmethod
+    def enqueue_job(self, model_id: int, device: str, budget_s: float | None) -> tuple[Job, bool]:
+        """Queue a tuning job; an unfinished job for the same model and device is reused."""
+
+    @abstractmethod
+    def get_job(self, job_id: int) -> Job: ...
+
+    @abstractmethod
+    def list_jobs(
+        self,
+        status: str | None = None,
+        model_id: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Job]: ...
+
+    @abstractmethod
+    def claim_job(
+        self, device: str, worker_id: str, hardware: dict[str, Any], now: datetime | None = None
+    ) -> Claim | None:
+        """Lease the oldest ready job for `device` to one worker, or None when there is none."""
+
+    @abstractmethod
+    def heartbeat(
+        self,
+        job_id: int,
+        lease_token: str,
+        progress: float | None,
+        message: str | None,
+        now: datetime | None = None,
+    ) -> Job:
+        """Extend the lease; raises StaleLease when the token is not the current one."""
+
+    @abstractmethod
+    def check_lease(self, job_id: int, lease_token: str) -> Job: ...
+
+    @abstractmethod
+    def complete_job(
+        self, job_id: int, lease_token: str, result: TuningResult, now: datetime | None = None
+    ) -> tuple[Job, TunedConfig]: ...
+
+    @abstractmethod
+    def fail_job(
+        self,
+        job_id: int,
+        lease_token: str,
+        error: str,
+        retryable: bool,
+        now: datetime | None = None,
+    ) -> Job:
+        """Record a failed attempt: requeue with backoff while attempts remain, else `failed`."""
+
+    @abstractmethod
+    def requeue_expired(self, now: datetime | None = None) -> int:
+        """Reap leases whose worker went silent; returns how many jobs it touched."""
+
+    @abstractmethod
+    def get_config(
+        self, model_id: int, device: str, hardware_key: str | None = None, details: bool = False
+    ) -> TunedConfig:
+        """The newest config for the target; `details` adds site decisions and profiles."""
+
+    @abstractmethod
+    def get_config_by_fingerprint(
+        self, fingerprint: str, device: str, hardware_key: str | None = None, details: bool = False
+    ) -> TunedConfig: ...
+
+    @abstractmethod
+    def list_configs(self, model_ids: list[int] | None = None) -> list[ConfigSummary]: ...

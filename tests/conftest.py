@@ -1,0 +1,120 @@
+"""Root fixtures: a throw-away PostgreSQL on loopback, and a database URL per backend.
+
+The PostgreSQL server starts once per session, only when a test asks for it, with `initdb` and
+`pg_ctl` (as user `postgres` when the tests run as root). FXTUNE_TEST_POSTGRES_URL points the
+suite at an existing server instead (a URL to a database the user may create databases from).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Postgres:
+    """A server we may create databases on; each test gets a fresh database."""
+
+    admin_url: str  # postgresql+psycopg://user@host:port/postgres
+    _names = itertools.count()
+
+    def new_database(self) -> str:
+        import psycopg
+
+        name = f"fxtune_test_{os.getpid()}_{next(self._names)}"
+        dsn = self.admin_url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    external = os.environ.get("FXTUNE_TEST_POSTGRES_URL")
+    if external:
+        yield Postgres(external.replace("postgresql://", "postgresql+psycopg://", 1))
+        return
+    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
+        pytest.skip("PostgreSQL is not installed (initdb/pg_ctl not on PATH)")
+    root = Path(tempfile.mkdtemp(prefix="fxtune-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    data, port = root / "data", free_port()
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "check": True}
+    subprocess.run(
+        _as_postgres(
+            [
+                "initdb",
+                "-D",
+                str(data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ]
+        ),
+        **quiet,
+    )
+    options = (
+        f"-h 127.0.0.1 -p {port} -k {root} -F -c max_connections=300 "
+        "-c synchronous_commit=off -c full_page_writes=off"
+    )
+    subprocess.run(
+        _as_postgres(
+            [
+                "pg_ctl",
+                "-D",
+                str(data),
+                "-l",
+                str(root / "log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        ),
+        **quiet,
+    )
+    try:
+        yield Postgres(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
+    finally:
+        subprocess.run(
+            _as_postgres(["pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop"]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The same test on the embedded default (SQLite) and the scale-out backend (PostgreSQL)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fxtune.db'}"
+    return request.getfixturevalue("postgres").new_database()

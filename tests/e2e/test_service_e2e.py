@@ -1,0 +1,256 @@
+"""End to end: `fxtune serve` and `fxtune worker` as real processes, the real tuner in the child.
+
+Uploads go over HTTP; the tuned program comes back over HTTP and must load with plain torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from tests.service.helpers import (
+    REPO,
+    children,
+    fxtune_env,
+    malicious_program,
+    payload_runs_under_plain_load,
+    pid_alive,
+    serve_process,
+    tiny_program,
+    wait_for,
+    worker_process,
+)
+from tuner.fingerprint import model_fingerprint
+from tuner.load import load_program
+
+pytestmark = pytest.mark.e2e
+
+# Only the eager backend keeps each real tuning run to seconds on a 2-core CI box.
+TUNE = json.dumps([sys.executable, "-m", "fxtune_cli", "tune", "--backend", "eager"])
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("e2e")
+    module, inputs = tiny_program(root / "tiny.pt2")
+    marker = root / "PWNED"
+    evil = malicious_program(root / "tiny.pt2", root / "evil.pt2", marker)
+    assert payload_runs_under_plain_load(evil, marker), "the crafted archive must be malicious"
+    return {
+        "good": root / "tiny.pt2",
+        "evil": evil,
+        "marker": marker,
+        "module": module,
+        "inputs": inputs,
+    }
+
+
+def wait_job(url: str, job_id: int, timeout_s: float = 180) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        job = httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
+        return job if job["status"] in ("succeeded", "failed") else None
+
+    return wait_for(finished, timeout_s, f"job {job_id} to finish", 0.5)
+
+
+def upload(url: str, path: Path, **fields: str) -> httpx.Response:
+    with path.open("rb") as f:
+        return httpx.post(f"{url}/api/v1/models", files={"file": f}, data=fields, timeout=60)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    db = f"sqlite:///{tmp_path / 'fxtune.db'}"
+    if request.param == "postgresql":
+        db = request.getfixturevalue("postgres").new_database()
+    return fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_DATABASE_URL=db,
+        FXTUNE_WORKER_TUNE_COMMAND=TUNE,
+    )
+
+
+def test_upload_tune_and_fetch_over_http(
+    env: dict[str, str], programs: dict[str, Any], tmp_path: Path
+) -> None:
+    with (
+        serve_process(env, tmp_path / "serve.log") as url,
+        worker_process(url, env, tmp_path / "worker.log") as worker,
+    ):
+        evil = upload(url, programs["evil"], tune="true", budget_s="3")
+        assert evil.status_code == 201
+        submit = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fxtune_cli",
+                "submit",
+                str(programs["good"]),
+                "--server",
+                url,
+                "--budget-s",
+                "3",
+                "--wait",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+        assert "tuned: backend eager" in submit.stdout
+
+        # The crafted archive: refused with a clear error, never retried, payload never ran.
+        failed = wait_job(url, evil.json()["job"]["id"])
+        assert failed["status"] == "failed" and failed["attempts"] == 1
+        assert "refused to load" in failed["error"]
+        assert not programs["marker"].exists()
+        assert worker.poll() is None and httpx.get(f"{url}/healthz").status_code == 200
+
+        # Same bytes again: the same model.
+        again = upload(url, programs["good"])
+        assert again.status_code == 200
+        model_id = again.json()["id"]
+        assert len(httpx.get(f"{url}/api/v1/models").json()) == 2
+
+        # The tuned program loads with plain torch and computes what the original does.
+        art = httpx.get(f"{url}/api/v1/models/{model_id}/artifact", params={"device": "cpu"})
+        assert art.status_code == 200
+        (tmp_path / "tuned.pt2").write_bytes(art.content)
+        tuned = torch.export.load(tmp_path / "tuned.pt2").module()
+        for _ in range(3):
+            x = torch.randn_like(programs["inputs"][0])
+            torch.testing.assert_close(tuned(x), programs["module"](x))
+
+        # A deployment holding only the model finds its config by fingerprint, then polls cheaply.
+        fingerprint = model_fingerprint(load_program(programs["good"]))
+        cfg = httpx.get(f"{url}/api/v1/configs/{fingerprint}", params={"device": "cpu"})
+        assert cfg.status_code == 200 and cfg.json()["model_fingerprint"] == fingerprint
+        same = httpx.get(
+            f"{url}/api/v1/configs/{fingerprint}", headers={"If-None-Match": cfg.headers["etag"]}
+        )
+        assert same.status_code == 304
+        report = httpx.get(f"{url}/api/v1/models/{model_id}/report").json()
+        assert report["config"] == cfg.json() and "baseline" in report["profiles"]
+
+
+def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_path: Path) -> None:
+    env = fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_LEASE_S="4",
+        FXTUNE_REAP_INTERVAL_S="1",
+        FXTUNE_RETRY_BACKOFF_S="0",
+        FXTUNE_WORKER_TUNE_COMMAND=TUNE,
+    )
+    with serve_process(env, tmp_path / "serve.log") as url:
+        job_id = upload(url, programs["good"], tune="true", budget_s="5").json()["job"]["id"]
+        with worker_process(url, env, tmp_path / "doomed.log") as doomed:
+
+            def tuning() -> list[int] | None:
+                job = httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
+                kids = children(doomed.pid)
+                return kids if job["status"] == "running" and job["progress"] > 0 and kids else None
+
+            tuners = wait_for(tuning, 120, "the first worker to be mid-job")
+            os.kill(doomed.pid, signal.SIGKILL)
+            doomed.wait()
+            wait_for(lambda: not any(pid_alive(p) for p in tuners), 10, "its tuner to die too")
+
+        def requeued() -> bool:  # by the service's own reaper: no worker is claiming now
+            job = httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
+            return job["status"] == "queued" and "lease expired" in (job["error"] or "")
+
+        wait_for(requeued, 30, "the reaper to requeue the job")
+        with worker_process(url, env, tmp_path / "rescuer.log") as rescuer:
+            job = wait_job(url, job_id)
+            assert rescuer.poll() is None
+        assert job["status"] == "succeeded", job
+        assert job["attempts"] == 2 and job["worker_id"].split("-")[-2] == str(rescuer.pid)
+        jobs = httpx.get(f"{url}/api/v1/jobs").json()
+        assert [j["id"] for j in jobs] == [job_id]
+        configs = httpx.get(f"{url}/api/v1/models").json()[0]["configs"]
+        assert len(configs) == 1 and configs[0]["job_id"] == job_id
+
+
+@pytest.fixture
+def race_env(postgres: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
+    yield fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"), FXTUNE_DATABASE_URL=postgres.new_database()
+    )
+
+
+def test_four_workers_race_over_200_jobs_on_postgresql(
+    race_env: dict[str, str], programs: dict[str, Any], tmp_path: Path
+) -> None:
+    """Claim/complete over HTTP with a trivial result: this tests the queue, not the tuner."""
+    from service.db.engine import make_engine
+    from service.db.migrate import upgrade_to_head
+    from service.store.sqlalchemy_store import SqlAlchemyStore
+
+    engine = make_engine(race_env["FXTUNE_DATABASE_URL"])
+    upgrade_to_head(engine)
+    store = SqlAlchemyStore(engine)
+    queued = set()
+    for i in range(200):
+        model, _ = store.add_model(f"{i:064x}", f"m{i}", 1)
+        queued.add(store.enqueue_job(model.id, "cpu", None)[0].id)
+    engine.dispose()
+
+    with serve_process(race_env, tmp_path / "serve.log") as url:
+        racers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.e2e.race_worker",
+                    url,
+                    f"racer{i}",
+                    str(programs["good"]),
+                    str(tmp_path / f"racer{i}"),
+                ],
+                cwd=REPO,
+                env=race_env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(4)
+        ]
+        claimed = [json.loads(r.communicate(timeout=240)[0]) for r in racers]
+        assert all(r.returncode == 0 for r in racers)
+        jobs = httpx.get(f"{url}/api/v1/jobs", params={"limit": 1000}).json()
+        models = httpx.get(f"{url}/api/v1/models", params={"limit": 1000}).json()
+
+    every = [job_id for ids in claimed for job_id in ids]
+    assert len(every) == len(set(every)) == 200 and set(every) == queued
+    assert sum(1 for ids in claimed if ids) >= 2, "the workers did not actually race"
+    assert all(j["status"] == "succeeded" and j["attempts"] == 1 for j in jobs)
+    assert len(jobs) == 200
+    assert sorted(len(m["configs"]) for m in models) == [1] * 200
+
+
+def test_serve_with_an_embedded_worker(programs: dict[str, Any], tmp_path: Path) -> None:
+    """The embedded worker is a child that talks HTTP, and it stops with the service."""
+    env = fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_WORKER_TUNE_COMMAND=json.dumps([sys.executable, "-m", "tests.worker.fake_tune"]),
+        FXTUNE_WORKER_POLL_S="0.2",
+    )
+    with serve_process(env, tmp_path / "serve.log", "--embedded-worker") as url:
+        job_id = upload(url, programs["good"], tune="true").json()["job"]["id"]
+        job = wait_job(url, job_id, timeout_s=120)
+        assert job["status"] == "succeeded", job
+        worker_pid = int(job["worker_id"].split("-")[-2])  # worker ids are host-pid-device
+        assert pid_alive(worker_pid)
+    wait_for(lambda: not pid_alive(worker_pid), 30, "the embedded worker to stop with the service")

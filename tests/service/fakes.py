@@ -1,0 +1,77 @@
+"""Tuning results without torch: what a tuner writes, for tests that exercise the queue."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+FINGERPRINT = "0123456789abcdef0123456789abcdef"
+HARDWARE = {"device": "cpu", "name": "test cpu", "torch": "2.13.0", "threads": 1}
+
+
+def config(fingerprint: str = FINGERPRINT, speedup: float = 1.5, **hardware: Any) -> dict[str, Any]:
+    """A minimal tuned config that satisfies the contract's schema."""
+    figures = {
+        "name": "eager + tuned passes",
+        "backend": "eager",
+        "passes": [{"pass": "remove_dropout", "sites": ["s1"]}],
+        "baseline_s": 0.003,
+        "candidate_s": 0.002,
+        "speedup": speedup,
+        "ci": [speedup - 0.1, speedup + 0.1],
+        "verdict": "faster",
+    }
+    site = {
+        "pass": "remove_dropout",
+        "site_id": "s1",
+        "summary": "dropout on linear",
+        "baseline_s": 1e-5,
+        "candidate_s": 5e-6,
+        "speedup": 2.0,
+        "ci": [1.8, 2.2],
+        "rounds": 10,
+        "verdict": "faster",
+        "accepted": True,
+    }
+    return {
+        "schema_version": 1,
+        "model_fingerprint": fingerprint,
+        "hardware": {**HARDWARE, **hardware},
+        "backend": "eager",
+        "passes": figures["passes"],
+        "sites": [site],
+        "candidates": [figures],
+        "whole_model": figures,
+        "verification": {"inputs": 3, "max_abs_error": 0.0, "max_rel_error": 0.0, "passed": True},
+        "tuning": {"budget_s": 1},
+    }
+
+
+def write_result(out: Path, program: Path, cfg: dict[str, Any] | None = None) -> dict[str, Path]:
+    """A tuner-shaped output folder (program + report + traces) and the parts to upload."""
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(program, out / "tuned.pt2")
+    for kind in ("baseline", "tuned"):
+        (out / f"{kind}.trace.json").write_text(json.dumps({"traceEvents": [], "kind": kind}))
+    report = {
+        "config": cfg or config(),
+        "profiles": {"baseline": {"ops_per_iter": 5.0}, "tuned": {"ops_per_iter": 4.0}},
+        "artifacts": {
+            "program": "tuned.pt2",
+            "aoti": None,
+            "traces": {"baseline": "baseline.trace.json", "tuned": "tuned.trace.json"},
+        },
+    }
+    (out / "report.json").write_text(json.dumps(report))
+    return {
+        "report": out / "report.json",
+        "program": out / "tuned.pt2",
+        "trace_baseline": out / "baseline.trace.json",
+        "trace_tuned": out / "tuned.trace.json",
+    }
+
+
+def upload_parts(files: dict[str, Path]) -> dict[str, tuple[str, bytes]]:
+    return {name: (path.name, path.read_bytes()) for name, path in files.items()}

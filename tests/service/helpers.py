@@ -1,0 +1,210 @@
+"""Shared by the service, worker and end-to-end tests: tiny programs, crafted archives, and
+live servers and workers (in a thread or in a subprocess)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import uvicorn
+
+from service.core.config import Settings
+from service.main import create_app
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class TinyNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.drop = torch.nn.Dropout(0.2)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def tiny_program(path: Path, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """Save a small exported program (sample inputs inside); returns the module and inputs."""
+    torch.manual_seed(seed)
+    module = TinyNet().eval()
+    inputs = (torch.randn(2, 8),)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(torch.export.export(module, inputs), path)
+    return module, inputs
+
+
+def variant(src: Path, dst: Path, tag: str) -> Path:
+    """The same archive with a different zip comment: other bytes, same program."""
+    shutil.copy(src, dst)
+    with zipfile.ZipFile(dst, "a") as zf:
+        zf.comment = tag.encode()
+    return dst
+
+
+class _Payload:
+    """Unpickling this creates `marker`: proof that the archive's pickle ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def malicious_program(src: Path, dst: Path, marker: Path) -> Path:
+    """`src` with its pickled sample inputs replaced by a payload that writes `marker`."""
+    buf = io.BytesIO()
+    torch.save(_Payload(marker), buf)
+    replaced = False
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("data/sample_inputs/model.pt"):
+                data, replaced = buf.getvalue(), True
+            zout.writestr(item, data)
+    assert replaced, "the archive layout changed: no sample inputs member to replace"
+    return dst
+
+
+def payload_runs_under_plain_load(path: Path, marker: Path) -> bool:
+    """Check in a child process that plain `torch.export.load` really runs the payload."""
+    code = "import sys, torch; torch.export.load(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, check=False)
+    ran = marker.exists()
+    marker.unlink(missing_ok=True)
+    return ran
+
+
+def blob_count(data_dir: Path) -> int:
+    return sum(1 for p in (data_dir / "artifacts" / "blobs").rglob("*") if p.is_file())
+
+
+def spool_count(data_dir: Path) -> int:
+    return sum(1 for _ in (data_dir / "artifacts" / "tmp").iterdir())
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, every_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def thread_server(settings: Settings) -> Iterator[tuple[str, Any]]:
+    """uvicorn in a thread of the test process: a real HTTP server without a slow start-up."""
+    app = create_app(settings)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 30, "the in-thread server to start", 0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def fxtune_env(**env: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_")}
+    return {**base, "PYTHONPATH": str(REPO), **env}
+
+
+@contextlib.contextmanager
+def serve_process(env: dict[str, str], log: Path, *args: str) -> Iterator[str]:
+    """`fxtune serve [args]` in a subprocess on a free loopback port; yields its base URL."""
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fxtune_cli",
+                "serve",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                *args,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return False
+
+    try:
+        wait_for(healthy, 90, "the service to answer /healthz", 0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def worker_process(url: str, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`fxtune worker` in a subprocess; killed at the end if still running."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fxtune_cli", "worker", "--server", url, "--device", "cpu"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of a process (Linux /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False

@@ -1,0 +1,367 @@
+"""The HTTP API in-process (TestClient), on SQLite and PostgreSQL: contract, errors, auth."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.core.config import Settings
+from service.main import create_app
+from tests.service.fakes import config, upload_parts, write_result
+from tests.service.helpers import blob_count, spool_count, tiny_program, variant
+
+LOOPBACK = ("127.0.0.1", 40000)
+ELSEWHERE = ("203.0.113.9", 40000)
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("programs") / "tiny.pt2"
+    tiny_program(path)
+    return path
+
+
+@pytest.fixture
+def settings(db_url: str, tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", database_url=db_url, max_upload_mb=0.5)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings), client=LOOPBACK) as c:
+        yield c
+
+
+def upload(client: TestClient, path: Path, **fields: str) -> Any:
+    with path.open("rb") as f:
+        return client.post("/api/v1/models", files={"file": (path.name, f)}, data=fields)
+
+
+def claim(client: TestClient, device: str = "cpu") -> dict[str, Any]:
+    resp = client.post("/api/v1/jobs/claim", json={"worker_id": "w1", "device": device})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def complete(client: TestClient, job: dict[str, Any], files: dict[str, Path]) -> Any:
+    return client.post(
+        f"/api/v1/jobs/{job['job']['id']}/complete",
+        data={"lease_token": job["lease_token"]},
+        files=upload_parts(files),
+    )
+
+
+def test_the_same_file_twice_is_one_model(client: TestClient, program: Path) -> None:
+    first = upload(client, program, name="tiny")
+    again = upload(client, program)
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    assert first.json()["name"] == "tiny" and first.json()["size_bytes"] == program.stat().st_size
+    assert len(client.get("/api/v1/models").json()) == 1
+    assert client.get(f"/api/v1/models/{first.json()['id']}/file").content == program.read_bytes()
+
+
+def test_upload_with_tune_queues_one_job(client: TestClient, program: Path) -> None:
+    first = upload(client, program, tune="true", device="cpu", budget_s="5").json()
+    again = upload(client, program, tune="true").json()
+    assert first["job"]["status"] == "queued" and first["job"]["budget_s"] == 5
+    assert again["job"]["id"] == first["job"]["id"]
+    listed = client.get("/api/v1/jobs").json()
+    assert [j["id"] for j in listed] == [first["job"]["id"]]
+    resp = client.post(f"/api/v1/models/{first['id']}/jobs", json={"device": "cuda"})
+    assert resp.status_code == 202 and resp.json()["status"] == "queued"
+    assert resp.json()["id"] != first["job"]["id"]
+
+
+def test_a_worker_round_trip_serves_config_artifact_and_report(
+    client: TestClient, program: Path, tmp_path: Path
+) -> None:
+    model = upload(client, program, tune="true").json()
+    assert client.get(f"/api/v1/models/{model['id']}/config").status_code == 404
+    gpu = client.post("/api/v1/jobs/claim", json={"worker_id": "g", "device": "cuda"})
+    assert gpu.status_code == 204
+    job = claim(client)
+    assert job["model"]["sha256"] == model["sha256"]
+    assert client.get(job["artifact_url"]).content == program.read_bytes()
+    beat = client.post(
+        f"/api/v1/jobs/{job['job']['id']}/heartbeat",
+        json={"lease_token": job["lease_token"], "progress": 0.4, "message": "measuring"},
+    )
+    assert beat.status_code == 200 and beat.json()["progress"] == 0.4
+    resp = complete(client, job, write_result(tmp_path / "out", program))
+    assert resp.status_code == 200 and resp.json()["status"] == "succeeded"
+
+    cfg = client.get(f"/api/v1/models/{model['id']}/config", params={"device": "cpu"})
+    assert cfg.status_code == 200 and cfg.json() == config()
+    etag = cfg.headers["etag"]
+    cached = client.get(f"/api/v1/models/{model['id']}/config", headers={"If-None-Match": etag})
+    assert cached.status_code == 304 and cached.content == b""
+    by_fp = client.get(f"/api/v1/configs/{config()['model_fingerprint']}")
+    assert by_fp.json() == cfg.json() and by_fp.headers["etag"] == etag
+    again = client.get(
+        f"/api/v1/configs/{config()['model_fingerprint']}", headers={"If-None-Match": etag}
+    )
+    assert again.status_code == 304
+
+    art = client.get(f"/api/v1/models/{model['id']}/artifact", params={"device": "cpu"})
+    assert art.status_code == 200 and art.content == program.read_bytes()
+    no_aoti = client.get(f"/api/v1/models/{model['id']}/artifact?device=cpu&format=aoti")
+    assert no_aoti.status_code == 404
+    report = client.get(f"/api/v1/models/{model['id']}/report").json()
+    assert report["config"] == config() and report["profiles"]["tuned"] == {"ops_per_iter": 4.0}
+    assert client.get(report["artifacts"]["program"]).content == program.read_bytes()
+    trace = client.get(report["artifacts"]["traces"]["baseline"])
+    assert trace.status_code == 200 and trace.json()["kind"] == "baseline"
+    listed = client.get("/api/v1/models").json()[0]["configs"]
+    assert [(c["device"], c["speedup"]) for c in listed] == [("cpu", 1.5)]
+
+
+def test_a_stale_lease_gets_409_and_changes_nothing(
+    client: TestClient, program: Path, settings: Settings, tmp_path: Path
+) -> None:
+    upload(client, program, tune="true")
+    job = claim(client)
+    blobs = blob_count(settings.data_dir)
+    stale = {**job, "lease_token": "0" * 32}
+    other = variant(program, tmp_path / "other.pt2", "tuned elsewhere")
+    resp = complete(client, stale, write_result(tmp_path / "out", other))
+    assert resp.status_code == 409 and "not leased" in resp.json()["detail"]
+    beat = client.post(f"/api/v1/jobs/{job['job']['id']}/heartbeat", json={"lease_token": "0" * 32})
+    assert beat.status_code == 409
+    fail = client.post(
+        f"/api/v1/jobs/{job['job']['id']}/fail", json={"lease_token": "0" * 32, "error": "x"}
+    )
+    assert fail.status_code == 409
+    assert blob_count(settings.data_dir) == blobs and spool_count(settings.data_dir) == 0
+    assert client.get(f"/api/v1/jobs/{job['job']['id']}").json()["status"] == "running"
+
+
+def test_failures_retry_then_dead_letter(client: TestClient, program: Path) -> None:
+    upload(client, program, tune="true")
+    job = claim(client)
+    resp = client.post(
+        f"/api/v1/jobs/{job['job']['id']}/fail",
+        json={"lease_token": job["lease_token"], "error": "refused to load x", "retryable": False},
+    )
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["status"] == "failed" and body["error"] == "refused to load x"
+
+
+def test_a_bad_report_is_refused_and_the_job_stays_leased(
+    client: TestClient, program: Path, settings: Settings, tmp_path: Path
+) -> None:
+    upload(client, program, tune="true")
+    job = claim(client)
+    blobs = blob_count(settings.data_dir)
+    files = write_result(tmp_path / "out", program, cfg={"schema_version": 1})
+    resp = complete(client, job, files)
+    assert resp.status_code == 422 and "schema" in resp.json()["detail"]
+    files["report"].write_text("{not json")
+    assert complete(client, job, files).status_code == 422
+    report = json.loads(write_result(tmp_path / "nan", program)["report"].read_text())
+    report["config"]["whole_model"]["speedup"] = float("inf")
+    files["report"].write_text(json.dumps(report))
+    refused = complete(client, job, files)
+    assert refused.status_code == 422 and "Infinity" in refused.json()["detail"]
+    files = write_result(tmp_path / "out2", program)
+    files["program"].write_bytes(b"not a zip")
+    assert complete(client, job, files).status_code == 422
+    assert blob_count(settings.data_dir) == blobs and spool_count(settings.data_dir) == 0
+    assert complete(client, job, write_result(tmp_path / "ok", program)).status_code == 200
+
+
+def _not_a_program(tmp: Path) -> Path:
+    path = tmp / "plain.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("readme.txt", "hello")
+    return path
+
+
+BAD_REQUESTS: list[tuple[str, int, Any]] = [
+    ("missing file", 422, lambda c, p, t: c.post("/api/v1/models", files={"name": (None, "x")})),
+    ("text file", 415, lambda c, p, t: c.post("/api/v1/models", files={"file": ("a.pt2", b"hi")})),
+    ("zip but no program", 415, lambda c, p, t: upload(c, _not_a_program(t))),
+    ("empty file", 415, lambda c, p, t: c.post("/api/v1/models", files={"file": ("a.pt2", b"")})),
+    ("json instead of multipart", 415, lambda c, p, t: c.post("/api/v1/models", json={})),
+    ("bad upload option", 422, lambda c, p, t: upload(c, p, tune="true", device="tpu")),
+    ("unknown upload field", 422, lambda c, p, t: upload(c, p, colour="red")),
+    (
+        "field twice",
+        400,
+        lambda c, p, t: c.post(
+            "/api/v1/models", files=[("file", ("a.pt2", b"1")), ("file", ("b.pt2", b"2"))]
+        ),
+    ),
+    (
+        "oversize",
+        413,
+        lambda c, p, t: c.post("/api/v1/models", files={"file": ("big.pt2", b"x" * 700_000)}),
+    ),
+    (
+        "oversize chunked",
+        413,
+        lambda c, p, t: c.post(
+            "/api/v1/models",
+            content=(
+                b'--b\r\nContent-Disposition: form-data; name="file"; filename="x.pt2"\r\n\r\n'
+                if i == 0
+                else b"x" * 50_000
+                for i in range(30)
+            ),
+            headers={"content-type": "multipart/form-data; boundary=b"},
+        ),
+    ),
+    (
+        "truncated multipart",
+        400,
+        lambda c, p, t: c.post(
+            "/api/v1/models",
+            content=b'--b\r\nContent-Disposition: form-data; name="file"\r\n\r\nabc',
+            headers={"content-type": "multipart/form-data; boundary=b"},
+        ),
+    ),
+    ("unknown model", 404, lambda c, p, t: c.get("/api/v1/models/999")),
+    (
+        "unknown model jobs",
+        404,
+        lambda c, p, t: c.post("/api/v1/models/999/jobs", json={"device": "cpu"}),
+    ),
+    ("unknown model config", 404, lambda c, p, t: c.get("/api/v1/models/999/config")),
+    ("unknown model artifact", 404, lambda c, p, t: c.get("/api/v1/models/999/artifact")),
+    ("unknown model report", 404, lambda c, p, t: c.get("/api/v1/models/999/report")),
+    ("unknown job", 404, lambda c, p, t: c.get("/api/v1/jobs/999")),
+    ("unknown fingerprint", 404, lambda c, p, t: c.get("/api/v1/configs/abc123")),
+    ("bad fingerprint", 422, lambda c, p, t: c.get("/api/v1/configs/NOT-HEX")),
+    ("non-integer id", 422, lambda c, p, t: c.get("/api/v1/jobs/abc")),
+    (
+        "bad json",
+        400,
+        lambda c, p, t: c.post(
+            "/api/v1/jobs/claim", content=b"{nope", headers={"content-type": "application/json"}
+        ),
+    ),
+    (
+        "bad device",
+        422,
+        lambda c, p, t: c.post("/api/v1/jobs/claim", json={"worker_id": "w", "device": "tpu"}),
+    ),
+    (
+        "unknown job heartbeat",
+        404,
+        lambda c, p, t: c.post("/api/v1/jobs/999/heartbeat", json={"lease_token": "x"}),
+    ),
+    (
+        "complete without multipart",
+        415,
+        lambda c, p, t: c.post("/api/v1/jobs/1/complete", json={"lease_token": "x"}),
+    ),
+    (
+        "complete without token",
+        422,
+        lambda c, p, t: c.post("/api/v1/jobs/1/complete", files={"report": ("r.json", b"{}")}),
+    ),
+]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # fails before the database
+@pytest.mark.parametrize(("case", "code", "send"), BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests_get_a_json_error_and_store_nothing(
+    client: TestClient,
+    settings: Settings,
+    program: Path,
+    tmp_path: Path,
+    case: str,
+    code: int,
+    send: Any,
+) -> None:
+    resp = send(client, program, tmp_path)
+    assert resp.status_code == code, resp.text
+    assert resp.headers["content-type"] == "application/json"
+    assert "detail" in resp.json()
+    assert client.get("/api/v1/models").json() == []
+    assert client.get("/api/v1/jobs").json() == []
+    assert blob_count(settings.data_dir) == 0 and spool_count(settings.data_dir) == 0
+
+
+def test_missing_file_names_the_field(client: TestClient) -> None:
+    resp = client.post("/api/v1/models", files={"name": (None, "x")})
+    assert resp.json()["detail"][0]["loc"] == ["body", "file"]
+
+
+def test_openapi_documents_the_contract(client: TestClient) -> None:
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in (
+        "/api/v1/models",
+        "/api/v1/models/{model_id}/jobs",
+        "/api/v1/jobs/{job_id}",
+        "/api/v1/models/{model_id}/config",
+        "/api/v1/configs/{fingerprint}",
+        "/api/v1/models/{model_id}/artifact",
+        "/api/v1/models/{model_id}/report",
+    ):
+        assert path in paths
+    upload_body = paths["/api/v1/models"]["post"]["requestBody"]["content"]
+    assert "file" in upload_body["multipart/form-data"]["schema"]["properties"]
+    assert client.get("/healthz").json()["status"] == "ok"
+
+
+class TestAuth:
+    @pytest.fixture
+    def settings(self, tmp_path: Path) -> Settings:
+        return Settings(
+            data_dir=tmp_path / "data",
+            database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+            api_token=TOKEN,
+        )
+
+    def client(self, settings: Settings, host: tuple[str, int], token: str | None) -> TestClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return TestClient(create_app(settings), client=host, headers=headers)
+
+    def test_writes_need_the_token(self, settings: Settings, program: Path) -> None:
+        with self.client(settings, LOOPBACK, None) as anon:
+            resp = upload(anon, program)
+            assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"
+            work = anon.post("/api/v1/jobs/claim", json={"worker_id": "w", "device": "cpu"})
+            assert work.status_code == 401
+            assert anon.get("/api/v1/models").status_code == 200  # reads are open on loopback
+        with self.client(settings, LOOPBACK, "wrong") as wrong:
+            assert upload(wrong, program).status_code == 403
+        with self.client(settings, ELSEWHERE, TOKEN) as good:
+            assert upload(good, program).status_code == 201
+            assert good.get("/api/v1/models").status_code == 200
+        assert blob_count(settings.data_dir) == 1
+
+    def test_reads_from_elsewhere_need_the_token(self, settings: Settings) -> None:
+        with self.client(settings, ELSEWHERE, None) as anon:
+            assert anon.get("/api/v1/models").status_code == 401
+            assert anon.get("/healthz").status_code == 200
+
+    def test_without_a_token_only_loopback_gets_in(self, tmp_path: Path, program: Path) -> None:
+        settings = Settings(data_dir=tmp_path / "d", database_url=f"sqlite:///{tmp_path / 'x.db'}")
+        with self.client(settings, ELSEWHERE, "anything") as remote:
+            resp = upload(remote, program)
+            assert resp.status_code == 403 and "loopback" in resp.json()["detail"]
+            assert remote.get("/api/v1/models").status_code == 403
+        with self.client(settings, LOOPBACK, None) as local:
+            assert upload(local, program).status_code == 201
+
+
+def test_job_listing_filters(client: TestClient, program: Path, tmp_path: Path) -> None:
+    upload(client, program, tune="true")
+    upload(client, variant(program, tmp_path / "b.pt2", "b"), tune="true")
+    job = claim(client)
+    running = client.get("/api/v1/jobs", params={"status": "running"}).json()
+    assert [j["id"] for j in running] == [job["job"]["id"]]
+    queued = client.get("/api/v1/jobs", params={"status": "queued"}).json()
+    assert len(queued) == 1 and queued[0]["id"] != job["job"]["id"]
+    assert json.loads(client.get("/api/v1/jobs?limit=1").content)[0]["id"] == queued[0]["id"]

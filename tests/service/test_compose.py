@@ -1,0 +1,90 @@
+"""docker-compose.yml and the Dockerfile use only commands, options, settings and routes
+that exist."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import typer
+import yaml
+from fastapi.testclient import TestClient
+
+from fxtune_cli import app as cli_app
+from service.core.config import Settings
+from service.main import create_app
+from worker.config import WorkerSettings
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+SETTINGS = {
+    f"FXTUNE_{name.upper()}" for name in (*Settings.model_fields, *WorkerSettings.model_fields)
+}
+
+
+def check_fxtune_command(argv: list[str]) -> None:
+    """Parse argv with the real CLI (no command runs): unknown commands or options raise."""
+    assert argv[0] == "fxtune", argv
+    group = typer.main.get_command(cli_app)
+    with group.make_context("fxtune", list(argv[1:2])) as ctx:
+        command = group.get_command(ctx, argv[1])
+        assert command is not None, f"no command {argv[1]!r}"
+        command.make_context(argv[1], list(argv[2:]), parent=ctx)
+
+
+def healthcheck_urls(service: dict[str, Any]) -> list[str]:
+    test = service.get("healthcheck", {}).get("test", [])
+    return re.findall(r"https?://[^'\" ]+", " ".join(test))
+
+
+@pytest.mark.parametrize("name", [n for n, s in SERVICES.items() if "command" in s])
+def test_commands_exist_with_their_options(name: str) -> None:
+    check_fxtune_command(SERVICES[name]["command"])
+
+
+def test_the_image_default_command_exists() -> None:
+    cmd = next(ln for ln in (REPO / "Dockerfile").read_text().splitlines() if ln.startswith("CMD"))
+    check_fxtune_command(json.loads(cmd.removeprefix("CMD")))
+
+
+def test_a_misspelt_option_would_be_caught() -> None:
+    with pytest.raises(Exception, match="sever") as caught:
+        check_fxtune_command(["fxtune", "worker", "--device", "cpu", "--sever", "http://x"])
+    assert getattr(caught.value, "exit_code", None) == 2  # click's usage error
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_every_fxtune_variable_is_a_setting(name: str) -> None:
+    env = SERVICES[name].get("environment", {})
+    used = {k for k in env if k.startswith("FXTUNE_")}
+    assert used <= SETTINGS, used - SETTINGS
+
+
+def test_urls_point_at_compose_services_and_real_routes(tmp_path: Path) -> None:
+    urls = [u for s in SERVICES.values() for u in healthcheck_urls(s)]
+    for s in SERVICES.values():
+        urls += [a for a in s.get("command", []) if a.startswith("http")]
+        urls += [v for k, v in s.get("environment", {}).items() if k == "FXTUNE_DATABASE_URL"]
+    assert urls
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with TestClient(create_app(settings), client=("127.0.0.1", 1)) as client:
+        for url in urls:
+            parsed = urlparse(url)
+            assert parsed.hostname in {*SERVICES, "127.0.0.1"}, url
+            if parsed.scheme.startswith("http") and parsed.path:
+                assert client.get(parsed.path).status_code == 200, url
+
+
+def test_health_checks_and_the_gpu_reservation() -> None:
+    assert all("healthcheck" in s for s in SERVICES.values())
+    assert {"postgres", "service", "worker-cpu", "worker-gpu"} <= set(SERVICES)
+    devices = SERVICES["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] for d in devices)
+    assert "--device" in SERVICES["worker-gpu"]["command"]
+    assert SERVICES["worker-gpu"]["command"][-1] == "cuda"
+    assert SERVICES["worker-cpu"]["command"][-1] == "cpu"

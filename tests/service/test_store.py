@@ -1,0 +1,188 @@
+"""The job queue and config store, on SQLite and PostgreSQL, with the clock passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from service.db.engine import make_engine
+from service.db.migrate import upgrade_to_head
+from service.db.models import utcnow
+from service.reports import tuning_result
+from service.store import NotFound, QueuePolicy, StaleLease, TuningResult
+from service.store.sqlalchemy_store import SqlAlchemyStore
+from tests.service.fakes import config
+
+POLICY = QueuePolicy(lease_s=30, max_attempts=2, backoff_s=10, backoff_max_s=100)
+SHA = "a" * 64
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[SqlAlchemyStore]:
+    engine = make_engine(db_url)
+    upgrade_to_head(engine)
+    yield SqlAlchemyStore(engine, POLICY)
+    engine.dispose()
+
+
+def result(speedup: float = 1.5, **hardware: str) -> TuningResult:
+    report = {"config": config(speedup=speedup, **hardware), "profiles": {"tuned": {"x": 1}}}
+    digests = {"report": "r" * 64, "program": "b" * 64, "trace_tuned": "c" * 64}
+    return tuning_result(report, digests)
+
+
+def test_same_bytes_are_one_model(store: SqlAlchemyStore) -> None:
+    first, created = store.add_model(SHA, "m", 10)
+    again, created_again = store.add_model(SHA, "other name", 10)
+    assert created and not created_again
+    assert again == first
+    assert [m.id for m in store.list_models()] == [first.id]
+
+
+def test_enqueue_reuses_the_unfinished_job(store: SqlAlchemyStore) -> None:
+    model, _ = store.add_model(SHA, "m", 10)
+    job, created = store.enqueue_job(model.id, "cpu", 5)
+    same, created_again = store.enqueue_job(model.id, "cpu", 5)
+    other, created_other = store.enqueue_job(model.id, "cuda", None)
+    assert created and not created_again and created_other
+    assert same.id == job.id != other.id
+    with pytest.raises(NotFound):
+        store.enqueue_job(999, "cpu", None)
+
+
+def test_claims_match_the_device_oldest_first(store: SqlAlchemyStore) -> None:
+    ids = []
+    for i, device in enumerate(["cuda", "cpu", "cpu"]):
+        model, _ = store.add_model(f"{i:064x}", f"m{i}", 1)
+        ids.append(store.enqueue_job(model.id, device, None)[0].id)
+    first = store.claim_job("cpu", "w1", {"device": "cpu"})
+    second = store.claim_job("cpu", "w2", {"device": "cpu"})
+    assert first and second
+    assert [first.job.id, second.job.id] == ids[1:]
+    assert store.claim_job("cpu", "w3", {}) is None
+    gpu = store.claim_job("cuda", "w4", {})
+    assert gpu and gpu.job.id == ids[0]
+    assert first.job.status == "running" and first.job.attempts == 1
+    assert first.lease_token != second.lease_token
+
+
+def test_heartbeat_extends_the_lease_and_checks_the_token(store: SqlAlchemyStore) -> None:
+    model, _ = store.add_model(SHA, "m", 1)
+    store.enqueue_job(model.id, "cpu", None)
+    now = utcnow()
+    claim = store.claim_job("cpu", "w", {}, now=now)
+    assert claim
+    later = now + timedelta(seconds=20)
+    job = store.heartbeat(claim.job.id, claim.lease_token, 0.5, "halfway", now=later)
+    assert job.progress == 0.5 and job.message == "halfway"
+    assert job.lease_expires_at == later + timedelta(seconds=POLICY.lease_s)
+    with pytest.raises(StaleLease):
+        store.heartbeat(claim.job.id, "not-the-token", 0.6, None)
+    # the extended lease outlives the original deadline
+    assert store.requeue_expired(now + timedelta(seconds=POLICY.lease_s + 1)) == 0
+
+
+def test_an_expired_lease_is_reclaimed_and_the_late_worker_refused(
+    store: SqlAlchemyStore,
+) -> None:
+    model, _ = store.add_model(SHA, "m", 1)
+    store.enqueue_job(model.id, "cpu", None)
+    now = utcnow()
+    lost = store.claim_job("cpu", "lost", {}, now=now)
+    assert lost
+    after_expiry = now + timedelta(seconds=POLICY.lease_s + 1)
+    assert store.claim_job("cpu", "w2", {}, now=after_expiry) is None  # requeued, backing off
+    job = store.get_job(lost.job.id)
+    assert job.status == "queued" and "lease expired" in (job.error or "")
+    retry_at = after_expiry + timedelta(seconds=POLICY.delay_s(1))
+    second = store.claim_job("cpu", "w2", {}, now=retry_at)
+    assert second and second.job.id == lost.job.id and second.job.attempts == 2
+    with pytest.raises(StaleLease):
+        store.complete_job(lost.job.id, lost.lease_token, result())
+    with pytest.raises(StaleLease):
+        store.fail_job(lost.job.id, lost.lease_token, "late", retryable=True)
+    done, _ = store.complete_job(second.job.id, second.lease_token, result())
+    assert done.status == "succeeded" and done.attempts == 2
+    with pytest.raises(StaleLease):
+        store.complete_job(second.job.id, second.lease_token, result())
+    assert len(store.list_configs()) == 1
+
+
+def test_failures_back_off_then_go_to_failed(store: SqlAlchemyStore) -> None:
+    model, _ = store.add_model(SHA, "m", 1)
+    store.enqueue_job(model.id, "cpu", None)
+    now = utcnow()
+    claim = store.claim_job("cpu", "w", {}, now=now)
+    assert claim
+    job = store.fail_job(claim.job.id, claim.lease_token, "boom", retryable=True, now=now)
+    assert job.status == "queued" and job.error == "boom"
+    assert job.not_before == now + timedelta(seconds=POLICY.backoff_s)
+    assert store.claim_job("cpu", "w", {}, now=now + timedelta(seconds=1)) is None
+    later = now + timedelta(seconds=POLICY.backoff_s + 1)
+    claim = store.claim_job("cpu", "w", {}, now=later)
+    assert claim and claim.job.attempts == 2
+    job = store.fail_job(claim.job.id, claim.lease_token, "boom again", retryable=True, now=later)
+    assert job.status == "failed" and job.error == "boom again" and job.finished_at == later
+    assert store.claim_job("cpu", "w", {}, now=later + timedelta(days=1)) is None
+
+
+def test_a_non_retryable_failure_is_final_at_once(store: SqlAlchemyStore) -> None:
+    model, _ = store.add_model(SHA, "m", 1)
+    store.enqueue_job(model.id, "cpu", None)
+    claim = store.claim_job("cpu", "w", {})
+    assert claim
+    job = store.fail_job(claim.job.id, claim.lease_token, "refused to load", retryable=False)
+    assert job.status == "failed" and job.attempts == 1
+
+
+def test_the_reaper_dead_letters_after_the_last_attempt(store: SqlAlchemyStore) -> None:
+    model, _ = store.add_model(SHA, "m", 1)
+    job, _ = store.enqueue_job(model.id, "cpu", None)
+    now = utcnow()
+    for _ in range(POLICY.max_attempts):
+        assert store.claim_job("cpu", "w", {}, now=now)
+        now += timedelta(seconds=POLICY.lease_s + 1)
+        assert store.requeue_expired(now) == 1
+        now += timedelta(seconds=POLICY.backoff_max_s + 1)
+    final = store.get_job(job.id)
+    assert final.status == "failed" and "lease expired" in (final.error or "")
+
+
+def test_completion_stores_the_config_its_rows_and_replaces_older_ones(
+    store: SqlAlchemyStore,
+) -> None:
+    model, _ = store.add_model(SHA, "m", 1)
+    for speedup in (1.5, 2.5):
+        store.enqueue_job(model.id, "cpu", None)
+        claim = store.claim_job("cpu", "w", {})
+        assert claim
+        job, tuned = store.complete_job(claim.job.id, claim.lease_token, result(speedup))
+        assert job.status == "succeeded" and job.progress == 1.0
+    tuned = store.get_config(model.id, "cpu", details=True)
+    assert tuned.summary.speedup == 2.5 and tuned.summary.backend == "eager"
+    assert tuned.config["whole_model"]["speedup"] == 2.5
+    assert [s.site_id for s in tuned.sites] == ["s1"] and tuned.sites[0].accepted
+    assert tuned.sites[0].ci_low == 1.8
+    assert [(p.kind, p.trace_sha256) for p in tuned.profiles] == [("tuned", "c" * 64)]
+    assert len(store.list_configs([model.id])) == 1
+    assert store.get_model(model.id).fingerprint == tuned.summary.fingerprint
+    by_fp = store.get_config_by_fingerprint(tuned.summary.fingerprint, "cpu")
+    assert by_fp.summary.etag == tuned.summary.etag
+    with pytest.raises(NotFound):
+        store.get_config(model.id, "cuda")
+    with pytest.raises(NotFound):
+        store.get_config_by_fingerprint(tuned.summary.fingerprint, "cpu", hardware_key="other")
+
+
+def test_other_hardware_gets_its_own_config(store: SqlAlchemyStore) -> None:
+    model, _ = store.add_model(SHA, "m", 1)
+    for name in ("cpu a", "cpu b"):
+        store.enqueue_job(model.id, "cpu", None)
+        claim = store.claim_job("cpu", "w", {})
+        assert claim
+        store.complete_job(claim.job.id, claim.lease_token, result(name=name))
+    keys = sorted(c.hardware_key for c in store.list_configs())
+    assert len(keys) == 2 and "cpu a" in keys[0] and "cpu b" in keys[1]
+    assert "cpu a" in store.get_config(model.id, "cpu", keys[0]).summary.hardware_key

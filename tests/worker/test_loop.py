@@ -1,0 +1,160 @@
+"""The worker against a real HTTP server (in a thread), with a fake tuner as the child."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.core.config import Settings
+from service.db.models import utcnow
+from tests.service.fakes import HARDWARE
+from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
+from worker.client import Assignment, ServiceClient
+from worker.config import WorkerSettings
+from worker.loop import Worker, result_files
+
+
+class RecordingClient(ServiceClient):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.beats: list[tuple[float, str]] = []
+
+    def heartbeat(self, job: Assignment, progress: float, message: str) -> None:
+        self.beats.append((progress, message))
+        super().heartbeat(job, progress, message)
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("programs") / "tiny.pt2"
+    tiny_program(path)
+    return path
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        lease_s=6,
+        max_attempts=2,
+        retry_backoff_s=0,
+    )
+    with thread_server(settings) as live:
+        yield live
+
+
+def make_worker(url: str, mode: str, monkeypatch: pytest.MonkeyPatch, **opts: Any) -> Worker:
+    monkeypatch.setenv("FAKE_TUNE", mode)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    settings = WorkerSettings(
+        server=url,
+        worker_tune_command=[sys.executable, "-m", "tests.worker.fake_tune"],
+        worker_poll_s=0.1,
+        **opts,
+    )
+    return Worker(settings, "cpu", HARDWARE, RecordingClient(url, None))
+
+
+def submit(url: str, program: Path) -> dict[str, Any]:
+    with program.open("rb") as f:
+        resp = httpx.post(
+            f"{url}/api/v1/models", files={"file": f}, data={"tune": "true", "budget_s": "3"}
+        )
+    resp.raise_for_status()
+    return resp.json()
+
+
+def job_of(url: str, job_id: int) -> dict[str, Any]:
+    return httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
+
+
+def test_a_job_is_tuned_and_its_result_stored(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = server
+    model = submit(url, program)
+    monkeypatch.setenv("FAKE_TUNE_STEP_S", "0.7")  # slower than the relay's 1 s rate limit
+    worker = make_worker(url, "ok", monkeypatch)
+    assert worker.run(once=True) == 1
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "succeeded" and job["attempts"] == 1 and job["worker_id"] == worker.id
+    assert any(m.startswith("step") for _, m in worker.client.beats)  # type: ignore[attr-defined]
+    art = httpx.get(f"{url}/api/v1/models/{model['id']}/artifact", params={"device": "cpu"})
+    assert art.status_code == 200 and art.content == program.read_bytes()
+    report = httpx.get(f"{url}/api/v1/models/{model['id']}/report").json()
+    assert set(report["artifacts"]["traces"]) == {"baseline", "tuned"}
+    assert worker.run(once=True) == 0  # nothing left: --once returns
+
+
+def test_a_crash_is_reported_with_its_last_line_and_retried(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = server
+    model = submit(url, program)
+    worker = make_worker(url, "fail", monkeypatch)
+    worker.run(once=True)
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "queued" and job["error"] == "RuntimeError: it broke"
+    worker.run(once=True)
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "failed" and job["attempts"] == 2
+
+
+def test_a_refused_model_fails_at_once(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = server
+    model = submit(url, program)
+    make_worker(url, "user_error", monkeypatch).run(once=True)
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "failed" and job["attempts"] == 1
+    assert job["error"] == "error: refused to load an archive member: nope"
+
+
+def test_a_hung_tuner_times_out(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = server
+    model = submit(url, program)
+    make_worker(url, "sleep", monkeypatch, worker_timeout_s=2).run(once=True)
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "queued" and "timed out after 2s" in job["error"]
+
+
+def test_a_lost_lease_stops_the_tuner_and_drops_the_result(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, app = server
+    model = submit(url, program)
+    worker = make_worker(url, "sleep", monkeypatch)
+    claim = worker.client.claim(worker.id, "cpu", HARDWARE)
+    assert claim is not None
+    outcome: list[Any] = []
+    runner = threading.Thread(target=lambda: outcome.append(worker.run_job(claim)))
+    started = time.monotonic()
+    runner.start()
+    wait_for(lambda: any(m == "sleeping" for _, m in worker.client.beats), 30, "the tuner")  # type: ignore[attr-defined]
+    app.state.store.requeue_expired(utcnow() + timedelta(hours=1))  # the server gives up on it
+    runner.join(timeout=60)
+    assert outcome and outcome[0].status == "lost"
+    assert time.monotonic() - started < 30
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "queued" and "lease expired" in job["error"]
+
+
+def test_result_files_stay_inside_the_output_folder(tmp_path: Path) -> None:
+    (tmp_path / "report.json").write_text('{"artifacts": {"program": "../escape.pt2"}}')
+    (tmp_path.parent / "escape.pt2").write_bytes(b"x")
+    with pytest.raises(ValueError, match="outside"):
+        result_files(tmp_path / "report.json")
+    with pytest.raises(ValueError, match="no report"):
+        result_files(tmp_path / "missing.json")

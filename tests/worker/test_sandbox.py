@@ -1,0 +1,105 @@
+"""The tuner's child process: progress relay, limits, and nothing left running afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.service.helpers import REPO, pid_alive, wait_for
+from worker.sandbox import Limits, error_line, run_child
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def test_progress_lines_are_relayed_and_noise_ignored(tmp_path: Path) -> None:
+    seen: list[tuple[float, str]] = []
+    code = """
+        import json
+        print("loading torch...")
+        for i in range(3):
+            print(json.dumps({"progress": i / 2, "message": f"step {i}"}), flush=True)
+        print("{broken json")
+    """
+    result = run_child(py(code), Limits(wall_s=30), tmp_path, lambda p, m: seen.append((p, m)))
+    assert result.ok and result.error is None
+    assert seen == [(0.0, "step 0"), (0.5, "step 1"), (1.0, "step 2")]
+
+
+def test_a_failure_reports_the_error_block_or_the_last_line(tmp_path: Path) -> None:
+    code = """
+        import sys
+        sys.stderr.write("warn\\nerror: refused to load x:\\n  it pickles\\n")
+        sys.exit(2)
+    """
+    result = run_child(py(code), Limits(wall_s=30), tmp_path, lambda p, m: None)
+    assert result.returncode == 2 and result.error == "error: refused to load x: it pickles"
+    result = run_child(py("raise KeyError('k')"), Limits(wall_s=30), tmp_path, lambda p, m: None)
+    assert result.returncode == 1 and result.error == "KeyError: 'k'"
+    assert error_line("\n\n") is None
+
+
+def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    code = f"""
+        import subprocess, time
+        p = subprocess.Popen(["sleep", "600"])
+        open({str(pid_file)!r}, "w").write(str(p.pid))
+        time.sleep(600)
+    """
+    started = time.monotonic()
+    result = run_child(py(code), Limits(wall_s=1.5), tmp_path, lambda p, m: None)
+    assert time.monotonic() - started < 10
+    assert result.timed_out and not result.ok and "timed out after 1.5s" in (result.error or "")
+    grandchild = int(pid_file.read_text())
+    wait_for(lambda: not pid_alive(grandchild), 5, "the grandchild to die")
+
+
+def test_the_address_space_limit_stops_a_memory_hog(tmp_path: Path) -> None:
+    code = "x = bytearray(2 * 1024**3)"
+    limits = Limits(wall_s=30, address_space_bytes=512 * 1024**2)
+    result = run_child(py(code), limits, tmp_path, lambda p, m: None)
+    assert result.returncode == 1 and result.error == "MemoryError"
+
+
+def test_the_cpu_time_limit_stops_a_spinning_tuner(tmp_path: Path) -> None:
+    result = run_child(
+        py("while True: pass"), Limits(wall_s=60, cpu_s=1), tmp_path, lambda p, m: None
+    )
+    assert result.returncode == -signal.SIGXCPU and "SIGXCPU" in (result.error or "")
+
+
+def test_the_tuner_dies_with_its_worker(tmp_path: Path) -> None:
+    """kill -9 on the worker must not leave an orphan tuning on (PR_SET_PDEATHSIG)."""
+    pid_file = tmp_path / "child.pid"
+    child = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    parent = f"""
+        import sys
+        from pathlib import Path
+        from worker.sandbox import Limits, run_child
+        run_child([sys.executable, "-c", {child!r}], Limits(wall_s=600), Path({str(tmp_path)!r}),
+                  lambda p, m: None)
+    """
+    proc = subprocess.Popen(py(parent), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the child to start")
+        tuner = int(pid_file.read_text())
+        assert pid_alive(tuner)
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not pid_alive(tuner), 5, "the orphaned tuner to die")
+    finally:
+        proc.kill()
+
+
+def test_a_missing_tuner_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    result = run_child(["/nonexistent/fxtune"], Limits(wall_s=5), tmp_path, lambda p, m: None)
+    assert not result.ok and "cannot start the tuner" in (result.error or "")

@@ -1,0 +1,49 @@
+"""`fxtune worker`: mounted by the composition root next to the tuner's and service's commands."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+@app.command("worker")
+def worker_cmd(
+    device: Annotated[str, typer.Option(help="Device this worker tunes on: cpu, cuda or xla")],
+    server: Annotated[
+        str | None, typer.Option(help="Service URL (env FXTUNE_SERVER)", show_default=False)
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(help="Bearer token (env FXTUNE_API_TOKEN)", show_default=False)
+    ] = None,
+    once: Annotated[bool, typer.Option(help="Do at most one job, then exit")] = False,
+) -> None:
+    """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
+    from worker.client import ServiceError
+    from worker.config import WorkerSettings
+    from worker.hardware import DeviceUnavailable, detect
+    from worker.loop import Worker, install_signal_handlers
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    overrides = {k: v for k, v in {"server": server, "api_token": token}.items() if v}
+    settings = WorkerSettings(**overrides)
+    try:
+        hardware = detect(device)
+    except DeviceUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    worker = Worker(settings, device, hardware)
+    install_signal_handlers(worker.stop)
+    logging.getLogger("fxtune.worker").info(
+        "%s serving %s (%s) for %s", worker.id, device, hardware.get("name"), settings.server
+    )
+    try:
+        worker.run(once=once)
+    except ServiceError as exc:  # e.g. 401/403: a wrong token or server will not fix itself
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        worker.client.close()

@@ -1,0 +1,131 @@
+"""The worker's side of the HTTP protocol (claim, heartbeat, complete, fail, download)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+API = "/api/v1"
+
+
+class LeaseLost(Exception):
+    """The service gave this job to a newer attempt (409); stop and drop the work."""
+
+
+class ServiceError(Exception):
+    """The service answered with an error we cannot act on."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    job_id: int
+    model_id: int
+    device: str
+    budget_s: float | None
+    lease_token: str
+    lease_s: float
+    sha256: str
+    size_bytes: int
+    name: str
+    artifact_url: str
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code == 409:
+        raise LeaseLost(_detail(resp))
+    if resp.is_error:
+        raise ServiceError(
+            f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {_detail(resp)}"
+        )
+
+
+def _detail(resp: httpx.Response) -> str:
+    with contextlib.suppress(ValueError, AttributeError):
+        return str(resp.json()["detail"])
+    return resp.text[:500]
+
+
+class ServiceClient:
+    def __init__(self, server: str, token: str | None, timeout_s: float = 60) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def claim(self, worker_id: str, device: str, hardware: dict[str, Any]) -> Assignment | None:
+        resp = self.http.post(
+            f"{API}/jobs/claim",
+            json={"worker_id": worker_id, "device": device, "hardware": hardware},
+        )
+        if resp.status_code == 204:
+            return None
+        _raise_for(resp)
+        body = resp.json()
+        job, model = body["job"], body["model"]
+        return Assignment(
+            job_id=job["id"],
+            model_id=job["model_id"],
+            device=job["device"],
+            budget_s=job["budget_s"],
+            lease_token=body["lease_token"],
+            lease_s=body["lease_s"],
+            sha256=model["sha256"],
+            size_bytes=model["size_bytes"],
+            name=model["name"],
+            artifact_url=body["artifact_url"],
+        )
+
+    def download(self, job: Assignment, dest: Path) -> Path:
+        """Stream the uploaded program to `dest`, checking it is the bytes the job names."""
+        digest = hashlib.sha256()
+        with self.http.stream("GET", job.artifact_url) as resp, dest.open("wb") as out:
+            if resp.is_error:
+                resp.read()
+                _raise_for(resp)
+            for chunk in resp.iter_bytes(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != job.sha256:
+            raise ServiceError(f"downloaded model {job.model_id} does not match its sha256")
+        return dest
+
+    def heartbeat(self, job: Assignment, progress: float, message: str) -> None:
+        resp = self.http.post(
+            f"{API}/jobs/{job.job_id}/heartbeat",
+            json={
+                "lease_token": job.lease_token,
+                "progress": min(1.0, max(0.0, progress)),
+                "message": message[:2000],
+            },
+        )
+        _raise_for(resp)
+
+    def fail(self, job: Assignment, error: str, retryable: bool) -> dict[str, Any]:
+        resp = self.http.post(
+            f"{API}/jobs/{job.job_id}/fail",
+            json={"lease_token": job.lease_token, "error": error[:20000], "retryable": retryable},
+        )
+        _raise_for(resp)
+        return resp.json()
+
+    def complete(self, job: Assignment, files: dict[str, Path]) -> dict[str, Any]:
+        """Upload the results; each file is streamed from disk by httpx."""
+        with contextlib.ExitStack() as stack:
+            parts = {
+                name: (path.name, stack.enter_context(path.open("rb")), "application/octet-stream")
+                for name, path in files.items()
+            }
+            resp = self.http.post(
+                f"{API}/jobs/{job.job_id}/complete",
+                data={"lease_token": job.lease_token},
+                files=parts,
+                timeout=600,
+            )
+        _raise_for(resp)
+        return resp.json()

@@ -1,0 +1,34 @@
+"""Worker settings, from `FXTUNE_*` environment variables (CLI options override them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_tune_command() -> list[str]:
+    return [sys.executable, "-m", "fxtune_cli", "tune"]
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FXTUNE_", extra="ignore")
+
+    server: str = "http://127.0.0.1:8000"
+    api_token: SecretStr | None = None
+    worker_tune_command: list[str] = Field(
+        default_factory=default_tune_command,
+        description="Command prefix that tunes one model (JSON list in the environment)",
+    )
+    worker_timeout_s: float = Field(default=3600, gt=0, description="Wall-clock cap per job")
+    worker_memory_mb: int = Field(
+        default=0, ge=0, description="Address-space cap for CPU jobs; 0 = physical memory"
+    )
+    worker_poll_s: float = Field(default=2.0, gt=0)
+    worker_scratch_dir: Path | None = None
+
+    @property
+    def token(self) -> str | None:
+        return self.api_token.get_secret_value() if self.api_token else None

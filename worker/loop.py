@@ -1,0 +1,264 @@
+"""The worker loop: claim, download, tune in a limited child, heartbeat, report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
+from worker.config import WorkerSettings
+from worker.sandbox import ChildResult, Limits, physical_memory_bytes, run_child
+
+log = logging.getLogger("fxtune.worker")
+
+USER_ERROR_EXIT = 2  # `fxtune tune` exits 2 for a bad or unsafe model: retrying cannot help
+ONCE_PATIENCE_S = 60.0  # with --once, give up on a service that stays unreachable this long
+
+
+class Heartbeat(threading.Thread):
+    """Keeps the lease alive and relays the child's progress while the job runs."""
+
+    def __init__(self, client: ServiceClient, job: Assignment) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{job.job_id}")
+        self.client = client
+        self.job = job
+        self.interval_s = max(0.5, min(job.lease_s / 3, 5.0))
+        self.lost = False
+        self._progress = (0.0, "started")
+        self._sent_at = 0.0
+        self._wake = threading.Event()
+        self._done = threading.Event()
+
+    def update(self, progress: float, message: str) -> None:
+        self._progress = (progress, message)
+        if time.monotonic() - self._sent_at > 1.0:
+            self._wake.set()
+
+    def run(self) -> None:
+        while not self._done.is_set() and not self.lost:
+            self._send()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def _send(self) -> None:
+        progress, message = self._progress
+        try:
+            self.client.heartbeat(self.job, progress, message)
+            self._sent_at = time.monotonic()
+        except LeaseLost as exc:
+            log.warning("job %d: lease lost (%s); abandoning it", self.job.job_id, exc)
+            self.lost = True
+        except (httpx.HTTPError, ServiceError) as exc:
+            log.warning("job %d: heartbeat failed (%s); retrying", self.job.job_id, exc)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._wake.set()
+        self.join(timeout=30)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # succeeded | failed | lost
+    detail: str | None = None
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        device: str,
+        hardware: dict[str, Any],
+        client: ServiceClient | None = None,
+    ) -> None:
+        self.settings = settings
+        self.device = device
+        self.hardware = hardware
+        self.client = client or ServiceClient(settings.server, settings.token)
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{device}"
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, once: bool = False) -> int:
+        """Work until stopped (or, with `once`, until one job is done or none is ready)."""
+        done = 0
+        backoff = 1.0
+        unreachable_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                job = self.client.claim(self.id, self.device, self.hardware)
+            except httpx.TransportError as exc:
+                unreachable_since = unreachable_since or time.monotonic()
+                if once and time.monotonic() - unreachable_since > ONCE_PATIENCE_S:
+                    raise ServiceError(f"cannot reach {self.settings.server}: {exc}") from None
+                log.warning(
+                    "cannot reach %s (%s); retrying in %.0fs", self.settings.server, exc, backoff
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff, unreachable_since = 1.0, None
+            if job is None:
+                if once:
+                    break
+                self._stop.wait(self.settings.worker_poll_s)
+                continue
+            outcome = self.run_job(job)
+            log.info(
+                "job %d %s%s",
+                job.job_id,
+                outcome.status,
+                f": {outcome.detail}" if outcome.detail else "",
+            )
+            done += 1
+            if once:
+                break
+        return done
+
+    def run_job(self, job: Assignment) -> Outcome:
+        log.info("job %d: model %d (%s) on %s", job.job_id, job.model_id, job.name, job.device)
+        scratch = self.settings.worker_scratch_dir
+        if scratch is not None:
+            scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"fxtune-job{job.job_id}-", dir=scratch) as tmp:
+            return self._run_in(job, Path(tmp))
+
+    def _run_in(self, job: Assignment, workdir: Path) -> Outcome:
+        try:
+            source = self.client.download(job, workdir / "input.pt2")
+        except (httpx.HTTPError, ServiceError) as exc:
+            return self._fail(job, f"could not download the model: {exc}", retryable=True)
+        out = workdir / "out"
+        out.mkdir()
+        beat = Heartbeat(self.client, job)
+        try:
+            result = run_child(
+                self.command(job, source, out),
+                self.limits(job),
+                workdir,
+                beat.update,
+                cancelled=lambda: beat.lost or self._stop.is_set(),
+                on_started=beat.start,
+            )
+        finally:
+            if beat.is_alive():
+                beat.stop()
+        if beat.lost:
+            return Outcome("lost", "lease passed to another attempt")
+        if not result.ok:
+            return self._fail(job, _error(result), retryable=_retryable(result))
+        try:
+            files = result_files(out / "report.json")
+        except ValueError as exc:
+            return self._fail(job, f"the tuner finished but {exc}", retryable=False)
+        return self._complete(job, files)
+
+    def command(self, job: Assignment, source: Path, out: Path) -> list[str]:
+        cmd = [
+            *self.settings.worker_tune_command,
+            str(source),
+            "--device",
+            job.device,
+            "--out",
+            str(out / "tuned.pt2"),
+            "--report",
+            str(out / "report.json"),
+            "--progress-json",
+        ]
+        if job.budget_s is not None:
+            cmd += ["--budget-s", f"{job.budget_s:g}"]
+        return cmd
+
+    def limits(self, job: Assignment) -> Limits:
+        wall = self.settings.worker_timeout_s
+        address_space = None
+        if job.device == "cpu":  # CUDA reserves huge virtual ranges; RLIMIT_AS would break it
+            mb = self.settings.worker_memory_mb
+            address_space = mb * 1024 * 1024 if mb else physical_memory_bytes()
+        return Limits(
+            wall_s=wall,
+            cpu_s=int(wall * (os.cpu_count() or 1)) + 60,
+            address_space_bytes=address_space,
+        )
+
+    def _complete(self, job: Assignment, files: dict[str, Path]) -> Outcome:
+        for attempt in range(3):
+            try:
+                self.client.complete(job, files)
+                return Outcome("succeeded")
+            except LeaseLost as exc:
+                return Outcome("lost", f"result refused: {exc}")
+            except ServiceError as exc:
+                return self._fail(job, f"the service refused the result: {exc}", retryable=False)
+            except httpx.TransportError as exc:
+                log.warning("job %d: upload failed (%s); retrying", job.job_id, exc)
+                self._stop.wait(2**attempt)
+        return Outcome("failed", "could not upload the result; the lease will expire")
+
+    def _fail(self, job: Assignment, error: str, retryable: bool) -> Outcome:
+        try:
+            self.client.fail(job, error, retryable)
+        except LeaseLost:
+            return Outcome("lost", error)
+        except (httpx.HTTPError, ServiceError) as exc:
+            log.warning("job %d: could not report the failure (%s)", job.job_id, exc)
+        return Outcome("failed", error)
+
+
+def _error(result: ChildResult) -> str:
+    if result.cancelled:
+        return "the worker was stopped before the job finished"
+    return result.error or f"tuner exited with status {result.returncode}"
+
+
+def _retryable(result: ChildResult) -> bool:
+    return result.returncode != USER_ERROR_EXIT or result.timed_out or result.cancelled
+
+
+def result_files(report_path: Path) -> dict[str, Path]:
+    """The files to upload, from report.json's `artifacts`; each must lie in the report's folder."""
+    if not report_path.is_file():
+        raise ValueError("wrote no report.json")
+    try:
+        artifacts = json.loads(report_path.read_text())["artifacts"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"report.json is unreadable: {exc!r}") from None
+    root = report_path.parent.resolve()
+    files = {"report": report_path}
+    named: dict[str, Any] = {"program": artifacts.get("program"), "aoti": artifacts.get("aoti")}
+    for kind, rel in (artifacts.get("traces") or {}).items():
+        if kind in ("baseline", "tuned"):
+            named[f"trace_{kind}"] = rel
+    for field, rel in named.items():
+        if not rel:
+            continue
+        path = (root / rel).resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise ValueError(f"its report names a missing or outside file for {field}: {rel}")
+        files[field] = path
+    if "program" not in files:
+        raise ValueError("its report names no tuned program")
+    return files
+
+
+def install_signal_handlers(stop: Callable[[], None]) -> None:
+    def handler(signum: int, _frame: object) -> None:
+        log.warning("received %s; stopping after cleaning up", signal.Signals(signum).name)
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

@@ -1,0 +1,161 @@
+"""Run the tuner as a child process with limits, relaying its progress lines.
+
+The child gets an address-space and CPU-time cap (setrlimit), its own process group (so a
+timeout kills everything it started), and dies with the worker (PR_SET_PDEATHSIG): a worker
+killed with -9 leaves no orphan tuning behind, and the lease brings the job back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float
+    cpu_s: int | None = None
+    address_space_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int
+    error: str | None
+    timed_out: bool = False
+    cancelled: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not (self.timed_out or self.cancelled)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _apply_limits(limits: Limits) -> Callable[[], None]:
+    """Runs in the child between fork and exec: only async-signal-safe-ish calls here."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if limits.address_space_bytes:
+            cap = limits.address_space_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        if limits.cpu_s:
+            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+        if _libc is not None:
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return apply
+
+
+def error_line(stderr_text: str) -> str | None:
+    """The message to show for a failed run: the CLI's `error:` block, else the last line."""
+    lines = [ln.strip() for ln in stderr_text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].lower().startswith("error:"):
+            return " ".join(lines[i:])[:4000]
+    return lines[-1][:4000]
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exited with status {code}"
+    name = signal.Signals(-code).name
+    hints = {"SIGXCPU": " (CPU-time limit)", "SIGKILL": " (killed: out of memory?)"}
+    return f"killed by {name}{hints.get(name, '')}"
+
+
+def _relay(stream: object, on_progress: Progress) -> None:
+    for raw in stream:  # type: ignore[attr-defined]
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            event = json.loads(raw)
+            on_progress(float(event["progress"]), str(event.get("message", "")))
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_child(
+    cmd: list[str],
+    limits: Limits,
+    workdir: Path,
+    on_progress: Progress,
+    cancelled: Callable[[], bool] = lambda: False,
+    on_started: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> ChildResult:
+    """Run `cmd`; stdout carries JSON progress lines, stderr goes to a file for the error.
+
+    Start other threads in `on_started`, not before: `preexec_fn` is only safe to fork from a
+    process that runs no other thread.
+    """
+    stderr_path = workdir / "stderr.log"
+    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    with stderr_path.open("w") as stderr:
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=child_env,
+                start_new_session=True,
+                preexec_fn=_apply_limits(limits),
+            )
+        except OSError as exc:
+            return ChildResult(127, f"cannot start the tuner ({cmd[0]}): {exc}")
+        reader = threading.Thread(target=_relay, args=(proc.stdout, on_progress), daemon=True)
+        reader.start()
+        if on_started is not None:
+            on_started()
+        timed_out = was_cancelled = False
+        deadline = time.monotonic() + limits.wall_s
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                timed_out = True
+            elif cancelled():
+                was_cancelled = True
+            if timed_out or was_cancelled:
+                _kill_group(proc)
+                proc.wait()
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+        _kill_group(proc)  # anything the child left running in its group
+        reader.join(timeout=5)
+    code = proc.returncode
+    if code == 0 and not (timed_out or was_cancelled):
+        return ChildResult(0, None)
+    if timed_out:
+        error = f"tuning timed out after {limits.wall_s:g}s and was killed"
+    elif was_cancelled:
+        error = "tuning was cancelled"
+    else:
+        detail = error_line(stderr_path.read_text(errors="replace")[-64_000:])
+        error = detail if detail and code > 0 else f"tuner {_describe_exit(code)}"
+        if detail and code < 0:
+            error = f"tuner {_describe_exit(code)}: {detail}"
+    return ChildResult(code, error, timed_out, was_cancelled)
