@@ -53,37 +53,35 @@ class PassStep(BaseModel):
     model_config = {"populate_by_name": True}
 
 
-class SiteDecision(BaseModel):
-    pass_name: str = Field(alias="pass")
-    site_id: str
-    summary: str
-    count: int = 1  # identical sites in the model that share this decision
+class Measured(BaseModel):
+    """An A/B timing summary (see `timing_fields`) and what was concluded from it."""
+
     baseline_s: float | None = None
     candidate_s: float | None = None
     speedup: float | None = None
     ci: Interval | None = None
     rounds: int = 0
     verdict: Verdict
+    reason: str | None = None
+
+
+class SiteDecision(Measured):
+    pass_name: str = Field(alias="pass")
+    site_id: str
+    summary: str
+    count: int = 1  # identical sites in the model that share this decision
     accepted: bool
     cached: bool = False
-    reason: str | None = None
 
     model_config = {"populate_by_name": True}
 
 
-class Figures(BaseModel):
+class Figures(Measured):
     """A whole-model timing against the untouched original on the same inputs, interleaved."""
 
     name: str
     backend: str
     passes: list[PassStep]
-    baseline_s: float | None = None
-    candidate_s: float | None = None
-    speedup: float | None = None
-    ci: Interval | None = None
-    rounds: int = 0
-    verdict: Verdict
-    reason: str | None = None
 
 
 class Verification(BaseModel):

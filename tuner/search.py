@@ -52,6 +52,16 @@ class SearchResult:
     packers: list[Callable[[Inputs], Inputs]] = field(default_factory=list)
 
 
+@dataclass
+class _Pair:
+    """Untouched and rewritten code for one site, both callable with the untouched inputs."""
+
+    reference: Callable[..., Any]
+    candidate: Callable[..., Any]
+    inputs: Inputs
+    timed_candidate: Callable[[], Any]
+
+
 def _decision(site: Site, count: int, v: str, c: Comparison | None = None, **kw: Any) -> dict:
     out: dict[str, Any] = {
         "pass": site.pass_name,
@@ -78,59 +88,47 @@ class SiteSearch:
         self.settings = settings
         self.cache = cache
 
-    def _time(
-        self, base: Callable[[], Any], cand: Callable[[], Any], result: SearchResult, key: str
-    ) -> Comparison:
-        c = compare(base, cand, device=self.settings.device, budget_s=self.settings.site_budget_s)
+    def _judge(self, site: Site, count: int, pair: _Pair, result: SearchResult) -> dict:
+        """Outputs first (a wrong rewrite is never timed), then interleaved timing."""
+        trials = [pair.inputs, *fresh_inputs(pair.inputs, 2)]
+        wrong = check_outputs(pair.reference, pair.candidate, trials)
+        if wrong is not None:
+            return _decision(site, count, "wrong outputs", reason=wrong)
+        c = compare(
+            lambda: pair.reference(*pair.inputs),
+            pair.timed_candidate,
+            device=self.settings.device,
+            budget_s=self.settings.site_budget_s,
+        )
         result.timed += 1
-        result.samples[key] = {"baseline_s": c.baseline_s, "candidate_s": c.candidate_s}
-        return c
+        result.samples[f"{site.pass_name}:{site.id}"] = {
+            "baseline_s": c.baseline_s,
+            "candidate_s": c.candidate_s,
+        }
+        return _decision(site, count, verdict(c, self.settings.epsilon), c)
 
-    def _measure_site(
-        self,
-        gm: fx.GraphModule,
-        graph_pass: GraphPass,
-        site: Site,
-        values: dict[str, Any],
-        result: SearchResult,
-        count: int,
-    ) -> dict:
+    def _site_pair(
+        self, gm: fx.GraphModule, graph_pass: GraphPass, site: Site, values: dict[str, Any]
+    ) -> _Pair | None:
+        """The site extracted with the real values flowing into it, and its rewritten copy."""
         piece = extract_site(gm, site.nodes, values)
         cand = copy.deepcopy(piece.gm)
         same = find_same_site(graph_pass, cand, site)
         if same is None:
-            return _decision(site, count, "failed to run", reason="site not found once extracted")
+            return None
         graph_pass.rewrite(cand, same)
         cleanup(cand)
         refresh_meta(cand, piece.inputs)
-        trials = [piece.inputs, *fresh_inputs(piece.inputs, 2)]
-        wrong = check_outputs(piece.gm, cand, trials)
-        if wrong is not None:
-            return _decision(site, count, "wrong outputs", reason=wrong)
-        c = self._time(
-            lambda: piece.gm(*piece.inputs),
-            lambda: cand(*piece.inputs),
-            result,
-            f"{site.pass_name}:{site.id}",
-        )
-        return _decision(site, count, verdict(c, self.settings.epsilon), c)
+        return _Pair(piece.gm, cand, piece.inputs, lambda: cand(*piece.inputs))
 
-    def _measure_whole(
-        self, gm: fx.GraphModule, inputs: Inputs, site: Site, result: SearchResult, count: int
-    ) -> dict:
-        """For passes that change the inputs: the site is the model's signature."""
+    @staticmethod
+    def _whole_pair(gm: fx.GraphModule, inputs: Inputs, site: Site) -> _Pair:
+        """For passes that change the inputs: the site is the model's signature.
+
+        The packing of inputs happens in the caller's input pipeline, so it is not timed.
+        """
         cand = apply_steps(copy.deepcopy(gm), inputs, [(site.pass_name, {site.id})])
-        trials = [inputs, *fresh_inputs(inputs, 2)]
-        wrong = check_outputs(gm, lambda *a: cand.gm(*cand.pack(a)), trials)
-        if wrong is not None:
-            return _decision(site, count, "wrong outputs", reason=wrong)
-        c = self._time(
-            lambda: gm(*inputs),
-            lambda: cand.gm(*cand.inputs),
-            result,
-            f"{site.pass_name}:{site.id}",
-        )
-        return _decision(site, count, verdict(c, self.settings.epsilon), c)
+        return _Pair(gm, lambda *a: cand.gm(*cand.pack(a)), inputs, lambda: cand.gm(*cand.inputs))
 
     def _decide(
         self,
@@ -151,9 +149,14 @@ class SiteSearch:
             return _decision(site, count, "not measured", reason="time budget spent")
         try:
             if graph_pass.changes_inputs:
-                decision = self._measure_whole(gm, inputs, site, result, count)
+                pair: _Pair | None = self._whole_pair(gm, inputs, site)
             else:
-                decision = self._measure_site(gm, graph_pass, site, values, result, count)
+                pair = self._site_pair(gm, graph_pass, site, values)
+            if pair is None:
+                reason = "site not found once extracted"
+                decision = _decision(site, count, "failed to run", reason=reason)
+            else:
+                decision = self._judge(site, count, pair, result)
         except Exception as exc:
             decision = _decision(
                 site, count, "failed to run", reason=f"{type(exc).__name__}: {exc}"
