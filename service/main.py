@@ -18,6 +18,7 @@ from service.api.main import api_router
 from service.api.routes import health
 from service.artifacts import ArtifactStore
 from service.core.config import Settings, get_settings
+from service.dashboard import mount as mount_dashboard
 from service.db.engine import make_engine
 from service.db.migrate import upgrade_to_head
 from service.store import NotFound, QueuePolicy, StaleLease, StoreError
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(health.router, include_in_schema=False)  # /healthz at the root too
+    mount_dashboard(app)
     _add_error_handlers(app)
     return app
 

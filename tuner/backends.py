@@ -74,11 +74,18 @@ def build(backend: str, gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Bui
 
 
 def package_aoti(program: ExportedProgram, path: Path) -> Path:
-    """Compile ahead of time so a deployment gets inductor's speed without compiling."""
+    """Compile ahead of time so a deployment gets inductor's speed without compiling.
+
+    Kernels carry profiler ranges (a flag check when no profiler runs), so profiles of the
+    package show its kernels instead of one opaque call.
+    """
     from torch._inductor import aoti_compile_and_package
 
+    from tuner.profiling.counting import inductor_kernel_ranges
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(aoti_compile_and_package(program, package_path=str(path)))
+    with inductor_kernel_ranges():
+        return Path(aoti_compile_and_package(program, package_path=str(path)))
 
 
 def load_aoti(path: Path) -> Runner:

@@ -2,7 +2,7 @@
 
 from fastapi import APIRouter
 
-from service.api.routes import configs, health, jobs, models, workers
+from service.api.routes import configs, exports, health, jobs, models, workers
 
 api_router = APIRouter()
 api_router.include_router(health.router)
@@ -10,3 +10,4 @@ api_router.include_router(models.router)
 api_router.include_router(jobs.router)
 api_router.include_router(workers.router)
 api_router.include_router(configs.router)
+api_router.include_router(exports.router)

@@ -1,0 +1,94 @@
+"""Results as CSV (pandas) for people who analyse them elsewhere: spreadsheets, notebooks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import pandas as pd
+from fastapi import APIRouter, Query, Response
+
+from service.api.deps import Reader, StoreDep
+from service.api.schemas import Device
+from service.dashboard.tables import Row, model_rows, site_rows
+
+router = APIRouter(tags=["exports"])
+
+MODEL_COLUMNS = (
+    "model_id",
+    "model",
+    "device",
+    "hardware_key",
+    "hardware",
+    "threads",
+    "torch",
+    "backend",
+    "chosen",
+    "original_kept",
+    "verdict",
+    "speedup",
+    "ci_low",
+    "ci_high",
+    "baseline_s",
+    "candidate_s",
+    "sites",
+    "sites_accepted",
+    "verified",
+    "fingerprint",
+    "job_id",
+    "updated_at",
+)
+SITE_COLUMNS = (
+    "model_id",
+    "device",
+    "hardware_key",
+    "pass",
+    "site_id",
+    "summary",
+    "count",
+    "baseline_s",
+    "candidate_s",
+    "speedup",
+    "ci_low",
+    "ci_high",
+    "rounds",
+    "time_saved_s",
+    "verdict",
+    "accepted",
+    "cached",
+    "reason",
+)
+CSV = {200: {"content": {"text/csv": {}}}}
+
+
+def csv_response(rows: Sequence[Row], columns: Sequence[str], filename: str) -> Response:
+    """Floats keep full precision (repr), so a CSV reads back to the API's numbers."""
+    frame = pd.DataFrame(list(rows), columns=list(columns))
+    return Response(
+        frame.to_csv(index=False),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+@router.get("/exports/models.csv", dependencies=[Reader], response_class=Response, responses=CSV)
+def models_csv(store: StoreDep) -> Response:
+    """One row per tuned config (model x device x hardware): whole-model speedup and interval."""
+    return csv_response(model_rows(store), MODEL_COLUMNS, "fxtune-models.csv")
+
+
+@router.get(
+    "/models/{model_id}/sites.csv", dependencies=[Reader], response_class=Response, responses=CSV
+)
+def sites_csv(
+    model_id: int,
+    store: StoreDep,
+    device: Annotated[Device, Query()] = "cpu",
+    hardware: Annotated[str | None, Query()] = None,
+) -> Response:
+    """Every per-site decision of one tuned config, the biggest time saved first."""
+    store.get_model(model_id)  # an unknown model is its own 404, not "no config yet"
+    tuned = store.get_config(model_id, device, hardware)
+    key = {"model_id": model_id, "device": device, "hardware_key": tuned.summary.hardware_key}
+    rows = [{**key, **r} for r in site_rows(tuned.config)]
+    return csv_response(rows, SITE_COLUMNS, f"fxtune-model-{model_id}-{device}-sites.csv")

@@ -1,0 +1,485 @@
+"""The dashboard's pages in-process (TestClient): every number shown is the API's number.
+
+Results are stored the way a worker stores them (claim, then complete over the API), with a
+config that has accepted, rejected and unmeasured sites, several whole-model candidates and
+profiles with figures the profiler could not take.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.core.config import Settings
+from service.dashboard import format as fmt
+from service.dashboard.auth import TOKEN_COOKIE
+from service.main import create_app
+from tests.service.fakes import config, upload_parts, write_result
+from tests.service.helpers import tiny_program, variant
+
+LOOPBACK = ("127.0.0.1", 40000)
+ELSEWHERE = ("203.0.113.9", 40000)
+TOKEN = "dash-s3cret"
+
+
+def site(pass_name: str, site_id: str, count: int, base: Any, cand: Any, **rest: Any) -> dict:
+    speedup = base / cand if base and cand else None
+    ci = [speedup * 0.95, speedup * 1.05] if speedup else None
+    fields = {"speedup": speedup, "ci": ci, "rounds": 40 if speedup else 0}
+    return {
+        "pass": pass_name,
+        "site_id": site_id,
+        "summary": f"{pass_name} site",
+        "count": count,
+        "baseline_s": base,
+        "candidate_s": cand,
+        **fields,
+        **rest,
+    }
+
+
+def candidate(name: str, backend: str, speedup: float, verdict: str, ci: Any) -> dict:
+    passes = [{"pass": "remove_dropout", "sites": ["s1"]}] if "passes" in name else []
+    return {
+        "name": name,
+        "backend": backend,
+        "passes": passes,
+        "baseline_s": 3e-3,
+        "candidate_s": 3e-3 / speedup,
+        "speedup": speedup,
+        "ci": ci,
+        "rounds": 30,
+        "verdict": verdict,
+    }
+
+
+def rich_config(threads: int = 1, original_kept: bool = False) -> dict[str, Any]:
+    """Four sites: the one saving most per call is not the fastest per site (count 4)."""
+    cfg = config(speedup=1.8, threads=threads)
+    cfg["sites"] = [
+        site("remove_dropout", "s1", 1, 1e-5, 5e-6, verdict="faster", accepted=True),
+        site("fuse_horizontal_linear", "s2", 4, 2e-5, 1.5e-5, verdict="faster", accepted=True),
+        site("channels_last", "s3", 2, 1e-5, 1.2e-5, verdict="slower", accepted=False),
+        site(
+            "fold_conv_bn",
+            "s4",
+            1,
+            None,
+            None,
+            verdict="not measured",
+            accepted=False,
+            reason="the budget ran out",
+        ),
+    ]
+    cfg["candidates"] = [
+        candidate("eager + tuned passes", "eager", 1.8, "faster", [1.7, 1.9]),
+        candidate("inductor", "inductor", 0.9, "slower", [0.85, 0.95]),
+        candidate("inductor + tuned passes", "inductor", 1.01, "within noise", [None, 1.1]),
+    ]
+    cfg["whole_model"] = cfg["candidates"][0]
+    if original_kept:
+        reason = "no candidate was faster than the original beyond noise; the original stands"
+        cfg["whole_model"] = {
+            "name": "original",
+            "backend": "eager",
+            "passes": [],
+            "verdict": "within noise",
+            "reason": reason,
+        }
+        cfg["passes"] = []
+    return cfg
+
+
+def profile(ops: float, wall: float, overhead: float, matmul: float) -> dict[str, Any]:
+    return {
+        "device": "cpu",
+        "iterations": 20,
+        "ops_per_iter": ops,
+        "kernels_per_iter": None,
+        "time_by_category_us": {"matmul_conv": matmul, "pointwise": 4.0, "collective": 0.0},
+        "wall_us_per_iter": wall,
+        "cpu_dispatch_overhead_us": overhead,
+        "device_idle_us": None,
+        "peak_memory_bytes": 4096,
+        "trace_path": None,
+        "top_ops": [],
+        "missing": ["device_idle_us: on CPU the host runs the kernels; there is no device to idle"],
+    }
+
+
+PROFILES = {
+    "baseline": profile(12.0, 300.0, 200.0, 60.0),
+    "tuned": profile(9.0, 150.0, 90.0, 40.0),
+}
+
+
+def store_result(
+    client: TestClient,
+    program: Path,
+    out: Path,
+    cfg: dict[str, Any],
+    profiles: dict[str, Any] | None = None,
+    aoti: bool = False,
+) -> None:
+    """Claim the next job and complete it with `cfg`, as a worker would."""
+    claim = client.post("/api/v1/jobs/claim", json={"worker_id": "w1", "device": "cpu"})
+    assert claim.status_code == 200, claim.text
+    job = claim.json()
+    files = write_result(out, program, cfg)
+    report = json.loads(files["report"].read_text())
+    report["profiles"] = profiles if profiles is not None else PROFILES
+    files["report"].write_text(json.dumps(report))
+    if aoti:
+        files["aoti"] = out / "model.aoti.pt2"
+        with zipfile.ZipFile(files["aoti"], "w") as zf:
+            zf.writestr("package/data.bin", b"aoti")
+    resp = client.post(
+        f"/api/v1/jobs/{job['job']['id']}/complete",
+        data={"lease_token": job["lease_token"]},
+        files=upload_parts(files),
+    )
+    assert resp.status_code == 200, resp.text
+
+
+def upload(client: TestClient, path: Path, name: str) -> dict[str, Any]:
+    with path.open("rb") as f:
+        resp = client.post(
+            "/api/v1/models", files={"file": (path.name, f)}, data={"name": name, "tune": "true"}
+        )
+    assert resp.status_code == 201, resp.text
+    return resp.json()
+
+
+def seed(client: TestClient, root: Path) -> dict[str, int]:
+    """`resnet` tuned on two CPUs (AOTI on the newer one), `bert` tuned with its original kept,
+    `new` uploaded and queued."""
+    program = root / "tiny.pt2"
+    tiny_program(program)
+    ids = {"resnet": upload(client, program, "resnet")["id"]}
+    store_result(client, program, root / "r1", rich_config(threads=1))
+    client.post(f"/api/v1/models/{ids['resnet']}/jobs", json={"device": "cpu"})
+    store_result(client, program, root / "r4", rich_config(threads=4), aoti=True)
+    bert = variant(program, root / "bert.pt2", "bert")
+    ids["bert"] = upload(client, bert, "bert")["id"]
+    store_result(client, program, root / "b1", rich_config(original_kept=True), profiles={})
+    ids["new"] = upload(client, variant(program, root / "new.pt2", "new"), "new")["id"]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, dict]]:
+    """One seeded service shared by the read-only tests of this module."""
+    root = tmp_path_factory.mktemp("dashboard")
+    settings = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
+    with TestClient(create_app(settings), client=LOOPBACK) as client:
+        yield client, seed(client, root)
+
+
+@pytest.fixture
+def client(served: tuple[TestClient, dict]) -> TestClient:
+    return served[0]
+
+
+@pytest.fixture
+def ids(served: tuple[TestClient, dict]) -> dict[str, int]:
+    return served[1]
+
+
+@dataclass
+class Cell:
+    text: str
+    value: float | None
+    classes: list[str]
+
+
+@dataclass
+class TableRow:
+    attrs: dict[str, str]
+    cells: list[Cell]
+
+    def text(self, i: int) -> str:
+        return self.cells[i].text
+
+
+class Page(HTMLParser):
+    """Body rows of every table with an id, every link, and the JSON blocks of a page."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.tables: dict[str, list[TableRow]] = {}
+        self.links: list[dict[str, str]] = []
+        self.assets: list[str] = []
+        self.json: dict[str, Any] = {}
+        self._table: str | None = None
+        self._row: TableRow | None = None
+        self._cell: Cell | None = None
+        self._in_head_row = False
+        self._script: str | None = None
+        self._text: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "table" and "id" in a:
+            self._table = a["id"]
+            self.tables[self._table] = []
+        elif tag == "thead":
+            self._in_head_row = True
+        elif tag == "tr" and self._table and not self._in_head_row:
+            self._row = TableRow(a, [])
+        elif tag in ("td", "th") and self._row is not None:
+            value = float(a["data-value"]) if a.get("data-value") else None
+            self._cell = Cell("", value, a.get("class", "").split())
+            self._text = []
+        elif tag == "a":
+            self.links.append(a)
+        if tag == "script" and a.get("type") == "application/json":
+            self._script, self._text = a["id"], []
+        if tag == "script" and "src" in a:
+            self.assets.append(a["src"])
+        if tag == "link" and "href" in a:
+            self.assets.append(a["href"])
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "thead":
+            self._in_head_row = False
+        elif tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._cell.text = " ".join("".join(self._text).split())
+            self._row.cells.append(self._cell)
+            self._cell = None
+        elif tag == "tr" and self._row is not None and self._table:
+            self.tables[self._table].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "script" and self._script is not None:
+            self.json[self._script] = json.loads("".join(self._text))
+            self._script = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None or self._script is not None:
+            self._text.append(data)
+
+
+def page(client: TestClient, url: str) -> Page:
+    resp = client.get(url)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/html")
+    return Page(resp.text)
+
+
+def report(client: TestClient, model_id: int, **params: str) -> dict[str, Any]:
+    resp = client.get(f"/api/v1/models/{model_id}/report", params={"device": "cpu", **params})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_index_shows_every_tuned_config_with_the_apis_speedup(
+    client: TestClient, ids: dict[str, int]
+) -> None:
+    index = page(client, "/")
+    rows = index.tables["models-table"]
+    tuned = [r for r in rows if "data-hardware" in r.attrs]
+    assert len(tuned) == 3  # resnet on two CPUs, bert once
+    for row in tuned:
+        model_id = int(row.attrs["data-model-id"])
+        whole = report(client, model_id, hardware=row.attrs["data-hardware"])["config"]
+        whole = whole["whole_model"]
+        speedup = next(c for c in row.cells if "speedup" in c.classes)
+        assert speedup.value == whole.get("speedup")
+        assert speedup.text == fmt.speedup(whole.get("speedup"))
+        assert fmt.interval(whole.get("ci")) in [c.text for c in row.cells]
+    bert = next(r for r in tuned if r.attrs["data-model-id"] == str(ids["bert"]))
+    assert "original kept" in [c.text for c in bert.cells]
+    assert "n/a" in [c.text for c in bert.cells]
+    new = next(r for r in rows if r.attrs["data-model-id"] == str(ids["new"]))
+    assert "not tuned yet" in new.text(1)
+
+
+def test_index_chart_plots_what_ships(client: TestClient, ids: dict[str, int]) -> None:
+    chart = page(client, "/").json["speedup-data"]
+    assert chart["labels"] == [f"bert (#{ids['bert']})", f"resnet (#{ids['resnet']})"]
+    assert len(chart["datasets"]) == 2  # two hardware keys (1 and 4 threads)
+    one, four = sorted(chart["datasets"], key=lambda d: d["label"])
+    assert one["label"].endswith("1 threads") and four["label"].endswith("4 threads")
+    assert one["data"] == [1.0, 1.8]  # bert kept its original: 1x by definition
+    assert one["verdict"][0] == "original kept"
+    assert four["data"] == [None, 1.8]
+    assert one["ci"][1] == fmt.interval([1.7, 1.9])
+
+
+def test_site_table_is_sorted_by_time_saved_with_the_reports_numbers(
+    client: TestClient, ids: dict[str, int]
+) -> None:
+    view = page(client, f"/models/{ids['resnet']}?device=cpu")
+    rows = view.tables["sites-table"]
+    sites = {s["site_id"]: s for s in report(client, ids["resnet"])["config"]["sites"]}
+    assert [r.attrs["data-site-id"] for r in rows] == ["s2", "s1", "s3", "s4"]
+    for row in rows:
+        s = sites[row.attrs["data-site-id"]]
+        cells = {c: next(x for x in row.cells if c in x.classes) for c in ("baseline", "speedup")}
+        assert cells["baseline"].value == s["baseline_s"]
+        assert cells["baseline"].text == fmt.duration_s(s["baseline_s"])
+        assert cells["speedup"].value == s["speedup"]
+        assert fmt.interval(s["ci"]) in [c.text for c in row.cells]
+        saved = next(x for x in row.cells if "saved" in x.classes)
+        if s["baseline_s"] is None:
+            assert saved.value is None and saved.text == "n/a"
+        else:
+            want = (s["baseline_s"] - s["candidate_s"]) * s["count"]
+            assert saved.value == pytest.approx(want, rel=1e-12)
+        assert row.attrs["class"] == ("accepted" if s["accepted"] else "rejected")
+    assert "the budget ran out" in rows[3].text(8)
+    assert rows[0].cells[2].text == "4"  # count
+
+
+def test_candidates_table_marks_the_chosen_one(client: TestClient, ids: dict[str, int]) -> None:
+    rows = page(client, f"/models/{ids['resnet']}").tables["candidates-table"]
+    assert [r.attrs["data-name"] for r in rows] == [
+        "eager + tuned passes",
+        "inductor",
+        "inductor + tuned passes",
+    ]
+    assert [r.attrs.get("class") for r in rows] == ["chosen", None, None]
+    assert rows[2].cells[6].text == "[?, 1.10]"  # an unknown bound is not a zero
+    kept = page(client, f"/models/{ids['bert']}")
+    assert not any(r.attrs.get("class") == "chosen" for r in kept.tables["candidates-table"])
+
+
+def test_profile_breakdown_matches_the_report_and_never_shows_zero_for_missing(
+    client: TestClient, ids: dict[str, int]
+) -> None:
+    view = page(client, f"/models/{ids['resnet']}")
+    profiles = report(client, ids["resnet"])["profiles"]
+    figures = {r.attrs["data-figure"]: r for r in view.tables["figures-table"]}
+    assert figures["ops_per_iter"].cells[1].value == profiles["baseline"]["ops_per_iter"]
+    assert figures["ops_per_iter"].cells[2].value == profiles["tuned"]["ops_per_iter"]
+    assert figures["ops_per_iter"].cells[3].text == "-25%"
+    idle = figures["device_idle_us"].cells[1]
+    assert idle.value is None and idle.text == (
+        "n/a (on CPU the host runs the kernels; there is no device to idle)"
+    )
+    assert figures["kernels_per_iter"].cells[2].text == "n/a (not recorded)"
+    categories = {r.attrs["data-category"]: r for r in view.tables["categories-table"]}
+    assert set(categories) == {"matmul_conv", "pointwise", "collective"}
+    for name, row in categories.items():
+        assert row.cells[1].value == profiles["baseline"]["time_by_category_us"][name]
+        assert row.cells[2].value == profiles["tuned"]["time_by_category_us"][name]
+    chart = view.json["breakdown-data"]
+    stacked = {d["label"]: d["data"] for d in chart["datasets"]}
+    assert stacked["matmul_conv"] == [60.0, 40.0]
+    assert stacked["host overhead (outside ops)"] == [200.0, 90.0]
+    assert "collective" not in stacked  # measured zero in both: no empty segment
+
+
+def test_a_report_without_profiles_says_so(client: TestClient, ids: dict[str, int]) -> None:
+    html = client.get(f"/models/{ids['bert']}").text
+    assert "n/a (this report has no profiles" in html
+    assert "figures-table" not in html
+
+
+def test_every_download_link_resolves(client: TestClient, ids: dict[str, int]) -> None:
+    view = page(client, f"/models/{ids['resnet']}?device=cpu")
+    links = [a["href"] for a in view.links if "data-api" in a]
+    kinds = {
+        "/config?": "application/json",
+        "/artifact?": "application/octet-stream",
+        "format=aoti": "application/octet-stream",
+        "kind=baseline": "application/json",
+        "kind=tuned": "application/json",
+        "/report?": "application/json",
+        "/sites.csv?": "text/csv",
+        "/file": "application/octet-stream",
+        "/exports/models.csv": "text/csv",
+    }
+    for needle, media in kinds.items():
+        matching = [link for link in links if needle in link]
+        assert matching, f"no link with {needle} in {links}"
+        for link in matching:
+            resp = client.get(link)
+            assert resp.status_code == 200, (link, resp.text)
+            assert resp.headers["content-type"].startswith(media), link
+    assert not any("format=aoti" in a["href"] for a in page(client, f"/models/{ids['bert']}").links)
+
+
+def test_config_tabs_pick_the_hardware(client: TestClient, ids: dict[str, int]) -> None:
+    view = page(client, f"/models/{ids['resnet']}")
+    tabs = [a for a in view.links if a["href"].startswith(f"/models/{ids['resnet']}?")]
+    assert len(tabs) == 2
+    newest = [a for a in tabs if a.get("aria-current") == "page"]
+    assert len(newest) == 1 and "t4" in newest[0]["href"]  # the newest config by default
+    other = next(a for a in tabs if "aria-current" not in a)
+    chosen = page(client, other["href"])
+    current = next(a for a in chosen.links if a.get("aria-current") == "page")
+    assert current["href"] == other["href"]
+
+
+def test_unknown_pages_are_html_404s(client: TestClient, ids: dict[str, int]) -> None:
+    for url in ("/models/9999", f"/models/{ids['new']}?device=cuda"):
+        resp = client.get(url)
+        assert resp.status_code == 404 and resp.headers["content-type"].startswith("text/html")
+        assert "Not found" in resp.text
+    assert client.get("/models/abc").status_code == 422
+
+
+def test_untuned_model_page_shows_its_job(client: TestClient, ids: dict[str, int]) -> None:
+    view = page(client, f"/models/{ids['new']}")
+    jobs = view.tables["jobs-table"]
+    assert len(jobs) == 1 and jobs[0].attrs["data-status"] == "queued"
+    assert "sites-table" not in view.tables
+
+
+def test_pages_load_nothing_from_other_origins(client: TestClient, ids: dict[str, int]) -> None:
+    for url in ("/", f"/models/{ids['resnet']}"):
+        resp = client.get(url)
+        assert "script-src 'self'" in resp.headers["content-security-policy"]
+        assets = Page(resp.text).assets
+        assert "/static/vendor/chart.umd.js" in assets
+        assert all(a.startswith("/") or a.startswith("data:") for a in assets), assets
+        for asset in assets:
+            if asset.startswith("/"):
+                assert client.get(asset).status_code == 200, asset
+
+
+@pytest.fixture
+def token_app(tmp_path: Path) -> Any:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        api_token=TOKEN,
+    )
+    return create_app(settings)
+
+
+def test_pages_respect_the_token_and_take_it_from_the_session_cookie(token_app: Any) -> None:
+    with TestClient(token_app, client=LOOPBACK) as local:
+        assert local.get("/").status_code == 200  # reads from loopback need no token
+    with TestClient(token_app, client=ELSEWHERE) as remote:
+        refused = remote.get("/")
+        assert refused.status_code == 401 and "token-form" in refused.text
+        assert remote.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        remote.cookies.set(TOKEN_COOKIE, "wrong")
+        assert remote.get("/").status_code == 403
+        remote.cookies.set(TOKEN_COOKIE, TOKEN)
+        assert remote.get("/").status_code == 200
+        assert remote.get("/static/dashboard.js").status_code == 200
+        # The cookie opens pages only; the API still wants the header, writes above all.
+        assert remote.get("/api/v1/models").status_code == 401
+        write = remote.post("/api/v1/models", files={"file": ("x.pt2", b"zip")})
+        assert write.status_code == 401
+
+
+def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'd.db'}")
+    with TestClient(create_app(settings), client=ELSEWHERE) as remote:
+        resp = remote.get("/")
+        assert resp.status_code == 403 and "only accepts requests from loopback" in resp.text
+        assert "token-form" not in resp.text
