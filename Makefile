@@ -30,6 +30,7 @@ serve: venv
 	$(VENV)/bin/fxtune serve
 
 bench: venv
+	$(PY) -m bench.passes_report
 	$(PY) -m bench.run
 
 clean:

@@ -126,6 +126,9 @@ def tune_cmd(
         Path | None, typer.Option(help="Decision cache file", envvar="FXTUNE_TUNE_CACHE")
     ] = None,
     no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiles")] = False,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads to tune with (default: torch's default)")
+    ] = None,
     progress_json: Annotated[
         bool, typer.Option("--progress-json", help="Progress as JSON lines on stdout")
     ] = False,
@@ -144,6 +147,7 @@ def tune_cmd(
             backends=backend or None,
             cache_path=cache,
             profile=not no_profile,
+            threads=threads,
         )
         with _progress_printer(progress_json) as say:
             outcome = tune_program(program, options, say)
@@ -196,3 +200,54 @@ def profile_cmd(
     console.print(top_ops_table(summary))
     for line in figure_lines(summary):
         console.print(line)
+
+
+@app.command("fetch")
+def fetch_cmd(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="FINGERPRINT|MODEL.pt2",
+            help="A model fingerprint (hex), or a .pt2 program to compute it from",
+        ),
+    ],
+    server: Annotated[str, typer.Option(help="The fxtune service URL", envvar="FXTUNE_SERVER")],
+    device: Annotated[str, typer.Option(help="cpu, cuda or xla")] = "cpu",
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write the config here (default: stdout)")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(help="Bearer token", envvar="FXTUNE_API_TOKEN")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds for the whole request")] = 10.0,
+) -> None:
+    """Download the tuned config of a model, for scripts (exit 2 when there is none)."""
+    import json
+    import re
+
+    from tuner.client import fetch_config
+
+    if re.fullmatch(r"[0-9a-f]{1,64}", target) and not Path(target).exists():
+        fingerprint = target
+    elif Path(target).is_file() or target.endswith(".pt2"):
+        from tuner.fingerprint import model_fingerprint
+        from tuner.load import load_program
+
+        try:
+            fingerprint = model_fingerprint(load_program(target))
+        except (FxtuneError, ValueError) as exc:
+            raise fail(exc) from None
+    else:
+        raise fail(ValueError(f"{target!r} is neither a fingerprint (hex) nor a .pt2 file"))
+    config, source = fetch_config(
+        fingerprint, server=server, device=device, timeout=timeout, token=token, use_cache=False
+    )
+    if config is None:
+        raise fail(LookupError(source))
+    text = json.dumps(config, indent=2)
+    if out is None:
+        print(text)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    err.print(f"wrote the {device} config for {fingerprint} to {out}")

@@ -2,30 +2,39 @@
 
 Importable with the tuner and httpx alone (no service dependencies). A deployment must never
 fail because of fxtune: every failure (server down, timeout, no config yet, the model changed so
-its fingerprint has no config) ends in the untuned module and one clear warning.
+its fingerprint has no config, a config this client cannot use) ends in the untuned module and
+exactly one clear `FxtuneClientWarning`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
+import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
+from pydantic import ValidationError
 from torch import nn
 from torch.export import ExportedProgram
 
 from tuner.apply import Transformed
-from tuner.config import TunedConfig, apply_config
+from tuner.config import SCHEMA_VERSION, TunedConfig, apply_config
 from tuner.fingerprint import model_fingerprint
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CACHE = Path.home() / ".cache" / "fxtune" / "configs"
 
 
 class FxtuneClientWarning(UserWarning):
-    """Tuning could not be used; the module runs untuned."""
+    """Tuning could not be used (the module runs untuned), or only from the local cache."""
 
 
 class PackedInputs(nn.Module):
@@ -40,29 +49,112 @@ class PackedInputs(nn.Module):
         return self.tuned(*self._transformed.pack(tuple(args)))
 
 
+def device_kind(device: str) -> str:
+    """What the service files configs under: "cuda" for "cuda:1"."""
+    return device.split(":", 1)[0]
+
+
+def checked_config(raw: Any, fingerprint: str) -> TunedConfig:
+    """The config, or ValueError saying why it must not be applied to this model."""
+    try:
+        config = TunedConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise ValueError(f"malformed config ({where}: {first['msg']})") from None
+    if config.schema_version != SCHEMA_VERSION:
+        raise ValueError(
+            f"config schema version {config.schema_version} is not the one this fxtune reads "
+            f"({SCHEMA_VERSION})"
+        )
+    if config.model_fingerprint != fingerprint:
+        raise ValueError(
+            f"the config is for fingerprint {config.model_fingerprint}, not {fingerprint}"
+        )
+    return config
+
+
 class ConfigCache:
-    """Config JSON plus its ETag on disk, per fingerprint and device."""
+    """Config JSON plus its ETag on disk, per fingerprint and device.
+
+    An entry that cannot be read or no longer validates counts as absent, so a damaged cache
+    never stops the next fetch; a cache that cannot be written only costs that fetch its 304.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
     def _path(self, fingerprint: str, device: str) -> Path:
-        return self.root / f"{fingerprint}-{device}.json"
+        return self.root / f"{fingerprint}-{device_kind(device)}.json"
 
     def load(self, fingerprint: str, device: str) -> tuple[str | None, dict[str, Any] | None]:
         path = self._path(fingerprint, device)
         try:
             doc = json.loads(path.read_text())
-            return doc["etag"], doc["config"]
-        except (OSError, ValueError, KeyError):
+            config = doc["config"]
+            checked_config(config, fingerprint)
+            return doc["etag"], config
+        except FileNotFoundError:
+            return None, None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.info("fxtune: ignoring the cached config %s: %s", path, exc)
             return None, None
 
     def save(self, fingerprint: str, device: str, etag: str | None, config: dict) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
         path = self._path(fingerprint, device)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"etag": etag, "config": config}))
-        tmp.replace(path)
+        tmp: str | None = None
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=path.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"etag": etag, "config": config}, f)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.info("fxtune: could not cache the config in %s: %s", self.root, exc)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def forget(self, fingerprint: str, device: str) -> None:
+        with contextlib.suppress(OSError):
+            self._path(fingerprint, device).unlink(missing_ok=True)
+
+
+def _get(
+    url: str, params: dict[str, str], headers: dict[str, str], timeout: float
+) -> httpx.Response:
+    """GET with `timeout` bounding the whole exchange, not each socket read: a server that
+    trickles bytes would otherwise hold a deployment's start-up for as long as it likes. The
+    request runs in a daemon thread that is abandoned (and ends on its own) when late."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with httpx.Client(timeout=timeout) as client:
+                result["response"] = client.get(url, params=params, headers=headers)
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name="fxtune-config-fetch", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise httpx.TimeoutException(f"no complete answer within {timeout:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["response"]
+
+
+def _detail(response: httpx.Response) -> str:
+    with contextlib.suppress(ValueError, AttributeError):
+        detail = response.json().get("detail")
+        if isinstance(detail, str):
+            return f": {detail}"
+    return ""
+
+
+def _or_cached(cached: dict[str, Any] | None, reason: str) -> tuple[dict[str, Any] | None, str]:
+    return (cached, f"cache: {reason}") if cached is not None else (None, reason)
 
 
 def fetch_config(
@@ -73,41 +165,48 @@ def fetch_config(
     cache_dir: Path | None = None,
     timeout: float = 5.0,
     token: str | None = None,
+    use_cache: bool = True,
 ) -> tuple[dict[str, Any] | None, str]:
-    """The config for `fingerprint` and where it came from: "server", "not modified", "cache".
+    """The config for `fingerprint` and where it came from: "server", "not modified" (the
+    cached copy, confirmed by a 304), "cache: <why the server could not be used>", or None and
+    the reason there is none. Only configs that validate for `fingerprint` are returned or cached.
 
-    Raises nothing for network trouble: returns (cached config or None, reason).
+    Raises nothing for network or server trouble.
     """
-    cache = ConfigCache(cache_dir or DEFAULT_CACHE)
-    etag, cached = cache.load(fingerprint, device)
+    kind = device_kind(device)
+    cache = ConfigCache(cache_dir or DEFAULT_CACHE) if use_cache else None
+    etag, cached = cache.load(fingerprint, kind) if cache else (None, None)
     headers = {"If-None-Match": etag} if etag and cached is not None else {}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     url = f"{server.rstrip('/')}/api/v1/configs/{fingerprint}"
     try:
-        response = httpx.get(url, params={"device": device}, headers=headers, timeout=timeout)
+        response = _get(url, {"device": kind}, headers, timeout)
     except httpx.HTTPError as exc:
-        reason = f"server unreachable ({type(exc).__name__})"
-        return cached, f"cache: {reason}" if cached is not None else reason
-    if response.status_code == 304 and cached is not None:
+        what = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
+        return _or_cached(cached, f"server {server} {what} ({type(exc).__name__}: {exc})")
+    status = response.status_code
+    if status == 304 and cached is not None:
         return cached, "not modified"
-    if response.status_code == 200:
-        config = response.json()
-        cache.save(fingerprint, device, response.headers.get("ETag"), config)
+    if status == 200:
+        try:
+            config = response.json()
+            checked_config(config, fingerprint)
+        except ValueError as exc:
+            return _or_cached(cached, f"the server sent an unusable config: {exc}")
+        if cache:
+            cache.save(fingerprint, kind, response.headers.get("ETag"), config)
         return config, "server"
-    if response.status_code == 404:
-        return None, f"no tuned config for fingerprint {fingerprint} on {device}"
-    reason = f"server answered {response.status_code}"
-    return cached, f"cache: {reason}" if cached is not None else reason
+    if status == 404:
+        if cache:
+            cache.forget(fingerprint, kind)
+        return None, f"no tuned config for fingerprint {fingerprint} on {kind} at {server}"
+    return _or_cached(cached, f"server {server} answered {status}{_detail(response)}")
 
 
 def _as_program(program_or_module: Any, example_inputs: tuple | None) -> ExportedProgram:
     if isinstance(program_or_module, ExportedProgram):
         return program_or_module
-    if isinstance(program_or_module, (str, Path)):
-        from tuner.load import load_program
-
-        return load_program(program_or_module)
     if isinstance(program_or_module, nn.Module):
         if example_inputs is None:
             raise ValueError("pass example_inputs to tune an nn.Module (it is exported first)")
@@ -120,12 +219,66 @@ def _as_program(program_or_module: Any, example_inputs: tuple | None) -> Exporte
     )
 
 
-def _untuned(program_or_module: Any, program: ExportedProgram | None) -> nn.Module:
+def _untuned(program_or_module: Any, program: ExportedProgram | None, device: str) -> nn.Module:
+    """What the caller would have run without fxtune."""
     if isinstance(program_or_module, nn.Module):
         return program_or_module
-    if program is not None:
-        return program.module()
-    return _as_program(program_or_module, None).module()
+    if program is None:
+        raise TypeError(f"cannot run a {type(program_or_module).__name__} as a model")
+    module = program.module()
+    with contextlib.suppress(Exception):
+        module = module.to(device)
+    return module
+
+
+def _check_replayed(config: TunedConfig, tuned: Transformed) -> None:
+    """Every site the config names must have been rewritten: a partial replay is a
+    combination that was never verified (e.g. a pass whose site ids changed between versions)."""
+    wanted = {(step.pass_name, s) for step in config.passes for s in step.sites}
+    missing = wanted - {(site.pass_name, site.id) for site in tuned.applied}
+    if missing:
+        names = ", ".join(sorted(f"{p}:{s}" for p, s in missing))
+        raise LookupError(f"the config's sites {names} are not in this model")
+
+
+def _compiled(module: nn.Module, program: ExportedProgram, device: str) -> nn.Module:
+    """torch.compile is lazy: compile now, on the sample inputs, so a failure shows here
+    (where it can fall back) and not at the deployment's first request."""
+    from tuner.capture import example_inputs
+
+    compiled = torch.compile(module)
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs(program)]
+    with torch.no_grad():
+        compiled(*inputs)
+    return compiled
+
+
+def _tuned(
+    program: ExportedProgram, device: str, compile: bool, **fetch: Any
+) -> tuple[nn.Module, list[str]]:
+    """The tuned module and what the caller should be warned about; raises on any failure."""
+    fingerprint = model_fingerprint(program)
+    raw, source = fetch_config(fingerprint, device=device, **fetch)
+    if raw is None:
+        raise LookupError(source)
+    log.info("fxtune: config for %s (%s) from %s", fingerprint, device, source)
+    config = checked_config(raw, fingerprint)
+    tuned = apply_config(program, config)
+    _check_replayed(config, tuned)
+    tuned.gm.to(device)
+    module: nn.Module = PackedInputs(tuned) if tuned.packers else tuned.gm
+    notes: list[str] = []
+    if source.startswith("cache: "):
+        notes.append(f"using the cached config ({source.removeprefix('cache: ')})")
+    if compile and config.backend == "inductor":
+        try:
+            module = _compiled(module, program, device)
+        except Exception as exc:
+            notes.append(
+                f"torch.compile failed ({type(exc).__name__}: {exc}); "
+                "running the tuned passes without inductor"
+            )
+    return module, notes
 
 
 def load_tuned(
@@ -141,38 +294,38 @@ def load_tuned(
 ) -> nn.Module:
     """The model with its tuned config applied, or untuned with one warning when that fails.
 
+    `device` picks the config (by device kind) and where the tuned module's weights go.
+    `timeout` bounds the whole HTTP exchange. `token` defaults to FXTUNE_API_TOKEN.
     With `compile=True`, a config whose chosen backend is inductor is wrapped in torch.compile
-    (the AOTInductor package from the service avoids even that compile).
+    and compiled here once (the AOTInductor package from the service avoids even that compile).
+    A tuned module whose inputs were packed (combine_sparse_inputs) still takes the original
+    inputs (`PackedInputs`). A .pt2 path is loaded with fxtune's restricted loader; a file it
+    refuses raises (there is no model to fall back to).
     """
+    if token is None:
+        token = os.environ.get("FXTUNE_API_TOKEN") or None
     program: ExportedProgram | None = None
+    if isinstance(program_or_module, (str, Path)):
+        from tuner.load import load_program
+
+        program = load_program(program_or_module)
     try:
-        program = _as_program(program_or_module, example_inputs)
-        fingerprint = model_fingerprint(program)
-        raw, source = fetch_config(
-            fingerprint,
+        if program is None:
+            program = _as_program(program_or_module, example_inputs)
+        module, notes = _tuned(
+            program,
+            device,
+            compile,
             server=server,
-            device=device,
             cache_dir=cache_dir,
             timeout=timeout,
             token=token,
         )
-        if raw is None:
-            raise LookupError(source)
-        config = TunedConfig.model_validate(raw)
-        if config.model_fingerprint != fingerprint:
-            raise LookupError("the config's fingerprint does not match the model (it changed)")
-        tuned = apply_config(program, config)
-        tuned.gm.to(device)
-        module: nn.Module = PackedInputs(tuned) if tuned.packers else tuned.gm
-        if compile and config.backend == "inductor":
-            module = torch.compile(module)
-        if source.startswith("cache:"):
-            warnings.warn(
-                f"fxtune: using the cached config ({source[7:]})", FxtuneClientWarning, stacklevel=2
-            )
-        return module
     except Exception as exc:
         warnings.warn(
             f"fxtune: running the model untuned: {exc}", FxtuneClientWarning, stacklevel=2
         )
-        return _untuned(program_or_module, program)
+        return _untuned(program_or_module, program, device)
+    if notes:
+        warnings.warn(f"fxtune: {'; '.join(notes)}", FxtuneClientWarning, stacklevel=2)
+    return module

@@ -49,6 +49,9 @@ class TuneOptions:
     passes: list[str] | None = None  # default: every registered pass
     cache_path: Path | None = None
     workdir: Path | None = None  # where compiled packages go; a temporary folder by default
+    # CPU threads for the whole run (and the hardware key). On a shared machine fewer threads
+    # than cores keeps other processes from stalling multi-threaded kernels mid-measurement.
+    threads: int | None = None
     whole_model_budget_s: float = 6.0
     site_budget_s: float = 1.5
     profile: bool = True
@@ -108,6 +111,8 @@ class Tuner:
     def __init__(self, options: TuneOptions) -> None:
         self.options = options
         self.device = check_device(options.device)
+        if options.threads is not None:
+            torch.set_num_threads(options.threads)
         self.hardware = describe(self.device)
         self.cache = DecisionCache(options.cache_path)
         self.samples: dict[str, dict[str, list[float]]] = {}

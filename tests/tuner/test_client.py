@@ -1,0 +1,456 @@
+"""The deployment client against a real HTTP server on loopback whose answers each test sets.
+
+tests/e2e/test_client_e2e.py runs it against the real service and a real worker; here are the
+edge cases a real service rarely produces (malformed configs, errors, slow and trickling peers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.export import ExportedProgram
+from typer.testing import CliRunner
+
+from tests.service.fakes import config as fake_config
+from tests.tuner.passes.test_combine_sparse_inputs import Ranker, ranker_inputs
+from tuner.capture import export_module, save_program, to_graph_module
+from tuner.cli import app
+from tuner.client import ConfigCache, FxtuneClientWarning, PackedInputs, fetch_config, load_tuned
+from tuner.errors import ArtifactFormatError
+from tuner.fingerprint import model_fingerprint
+from tuner.passes import get_pass
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Dropped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.relu(self.fc(x)))
+
+
+def dropped_program() -> ExportedProgram:
+    torch.manual_seed(0)
+    return export_module(Dropped().eval(), (torch.randn(2, 6),))
+
+
+def tuned_config(program: ExportedProgram, *passes: str, **fields: Any) -> dict[str, Any]:
+    """A valid config that rewrites every site of `passes` (found as the tuner finds them)."""
+    gm = to_graph_module(program)
+    steps = [{"pass": p, "sites": [s.id for s in get_pass(p).find_sites(gm)]} for p in passes]
+    assert all(step["sites"] for step in steps), "a pass under test found no site"
+    doc = fake_config(model_fingerprint(program))
+    doc["passes"] = doc["whole_model"]["passes"] = steps
+    return {**doc, **fields}
+
+
+def has_dropout(module: nn.Module) -> bool:
+    assert isinstance(module, torch.fx.GraphModule)
+    return any("dropout" in str(n.target) for n in module.graph.nodes)
+
+
+def load_recording(*args: Any, **kwargs: Any) -> tuple[nn.Module, list[str]]:
+    """load_tuned, and the messages of the FxtuneClientWarnings it gave (each one counted)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = load_tuned(*args, **kwargs)
+    return module, [str(w.message) for w in caught if w.category is FxtuneClientWarning]
+
+
+class FakeService:
+    """GET /api/v1/configs/<fingerprint> the way the service answers it (ETag, 304, 404), or
+    `reply` (status, body) when a test sets one. Every request's path and headers are kept."""
+
+    def __init__(self) -> None:
+        self.configs: dict[str, dict[str, Any]] = {}
+        self.reply: tuple[int, bytes] | None = None
+        self.seen: list[tuple[str, dict[str, str]]] = []
+
+    def answer(self, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        self.seen.append((path, headers))
+        if self.reply is not None:
+            return self.reply[0], {"ETag": '"bad"'}, self.reply[1]
+        fingerprint = path.split("?")[0].rsplit("/", 1)[-1]
+        config = self.configs.get(fingerprint)
+        if config is None:
+            return 404, {}, json.dumps({"detail": "no tuned config"}).encode()
+        etag = f'"{hash(json.dumps(config, sort_keys=True)) & 0xFFFFFF:x}"'
+        if headers.get("if-none-match") == etag:
+            return 304, {"ETag": etag}, b""
+        return 200, {"ETag": etag}, json.dumps(config).encode()
+
+    def conditional(self) -> list[str | None]:
+        return [headers.get("if-none-match") for _, headers in self.seen]
+
+
+@pytest.fixture
+def service() -> Iterator[tuple[str, FakeService]]:
+    fake = FakeService()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            status, extra, body = fake.answer(self.path, headers)
+            self.send_response(status)
+            for name, value in extra.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", fake
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def stalling_server(trickle: bool) -> Iterator[str]:
+    """Accepts and then never finishes an answer: silent, or one header byte every 0.1 s."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        give_up = time.monotonic() + 10  # a client without a deadline fails, not hangs
+        with conn:
+            if trickle:
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                while not stop.wait(0.1) and time.monotonic() < give_up:
+                    conn.sendall(b"X-Slow: x\r\n")
+            else:
+                stop.wait(10)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
+def dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_applies_the_fetched_config_then_revalidates_with_its_etag(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
+    x = torch.randn(2, 6)
+    for _ in range(2):
+        module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+        assert warned == []
+        assert not has_dropout(module) and has_dropout(program.module())
+        torch.testing.assert_close(module(x), program.module()(x))
+    first, second = fake.conditional()
+    assert first is None and second is not None  # the second request was conditional: a 304
+
+
+def test_a_cached_config_serves_while_the_server_is_down(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
+    load_recording(program, server=url, cache_dir=tmp_path)
+    module, warned = load_recording(program, server=dead_url(), cache_dir=tmp_path)
+    assert not has_dropout(module)
+    assert len(warned) == 1 and "using the cached config" in warned[0]
+    assert "unreachable" in warned[0]
+
+
+def test_no_config_runs_untuned_and_forgets_a_withdrawn_one(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fingerprint = model_fingerprint(program)
+    fake.configs[fingerprint] = tuned_config(program, "remove_dropout")
+    load_recording(program, server=url, cache_dir=tmp_path)
+    assert ConfigCache(tmp_path).load(fingerprint, "cpu")[1] is not None
+    del fake.configs[fingerprint]
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert has_dropout(module)
+    assert len(warned) == 1 and f"no tuned config for fingerprint {fingerprint}" in warned[0]
+    assert ConfigCache(tmp_path).load(fingerprint, "cpu") == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda c: b"{not json", "unusable config"),
+        (lambda c: json.dumps({**c, "passes": "everything"}).encode(), "malformed config"),
+        (lambda c: json.dumps({**c, "model_fingerprint": "ab" * 16}).encode(), "is for"),
+        (lambda c: json.dumps({**c, "schema_version": 99}).encode(), "schema version 99"),
+    ],
+    ids=["not-json", "bad-field", "other-fingerprint", "newer-schema"],
+)
+def test_an_unusable_config_runs_untuned_and_is_not_cached(
+    service: tuple[str, FakeService], tmp_path: Path, change: Any, says: str
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.reply = (200, change(tuned_config(program, "remove_dropout")))
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert has_dropout(module)
+    assert len(warned) == 1 and says in warned[0], warned
+    assert not list(tmp_path.glob("*"))
+
+
+@pytest.mark.parametrize(
+    ("steps", "says"),
+    [
+        ([{"pass": "no_such_pass", "sites": ["abc"]}], "unknown pass 'no_such_pass'"),
+        ([{"pass": "remove_dropout", "sites": ["0123456789abcdef"]}], "are not in this model"),
+    ],
+    ids=["unknown-pass", "missing-site"],
+)
+def test_a_config_that_does_not_replay_runs_untuned(
+    service: tuple[str, FakeService], tmp_path: Path, steps: list[dict[str, Any]], says: str
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.configs[model_fingerprint(program)] = tuned_config(program, passes=steps)
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert has_dropout(module)
+    assert len(warned) == 1 and says in warned[0], warned
+
+
+def test_server_errors_fall_back_to_the_cache_or_run_untuned(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.reply = (403, json.dumps({"detail": "token wrong"}).encode())
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path, token="t0")
+    assert has_dropout(module)
+    assert len(warned) == 1 and "answered 403: token wrong" in warned[0]
+    assert fake.seen[-1][1]["authorization"] == "Bearer t0"
+
+    fake.reply = None
+    fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
+    load_recording(program, server=url, cache_dir=tmp_path)
+    fake.reply = (500, b"oops")
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert not has_dropout(module)
+    assert len(warned) == 1 and "using the cached config (server" in warned[0]
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
+def test_a_stalling_server_costs_at_most_the_timeout(trickle: bool, tmp_path: Path) -> None:
+    program = dropped_program()
+    with stalling_server(trickle) as url:
+        started = time.monotonic()
+        config, reason = fetch_config(
+            model_fingerprint(program), server=url, timeout=0.5, cache_dir=tmp_path
+        )
+        elapsed = time.monotonic() - started
+    assert config is None and "timed out" in reason
+    assert elapsed < 1.5, f"took {elapsed:.1f}s with a 0.5 s timeout"
+
+
+def test_an_unreachable_server_runs_untuned_with_one_warning(tmp_path: Path) -> None:
+    module, warned = load_recording(dropped_program(), server=dead_url(), cache_dir=tmp_path)
+    assert has_dropout(module)
+    assert len(warned) == 1 and "unreachable" in warned[0]
+
+
+def test_an_unwritable_cache_still_gives_the_tuned_module(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    module, warned = load_recording(program, server=url, cache_dir=blocker / "cache")
+    assert not has_dropout(module) and warned == []
+
+
+def test_a_damaged_cache_entry_is_ignored(service: tuple[str, FakeService], tmp_path: Path) -> None:
+    url, fake = service
+    program = dropped_program()
+    fingerprint = model_fingerprint(program)
+    fake.configs[fingerprint] = tuned_config(program, "remove_dropout")
+    (tmp_path / f"{fingerprint}-cpu.json").write_text('{"etag": "x", "config": {"passes": 1}}')
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert not has_dropout(module) and warned == []
+    assert fake.conditional() == [None]  # no If-None-Match for an entry that did not validate
+
+
+def test_an_eager_module_is_exported_first_or_returned_as_it_is(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
+    torch.manual_seed(0)
+    eager = Dropped().eval()
+    x = torch.randn(2, 6)
+    module, warned = load_recording(eager, server=url, cache_dir=tmp_path, example_inputs=(x,))
+    assert warned == [] and not has_dropout(module)
+    torch.testing.assert_close(module(x), eager(x))
+    same, warned = load_recording(eager, server=url, cache_dir=tmp_path)
+    assert same is eager and len(warned) == 1 and "example_inputs" in warned[0]
+
+
+def test_a_file_that_is_no_program_raises(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt2"
+    path.write_bytes(b"not a zip")
+    with pytest.raises(ArtifactFormatError):
+        load_tuned(path, server=dead_url(), cache_dir=tmp_path)
+
+
+def test_a_failing_compile_keeps_the_tuned_passes_with_one_warning(
+    service: tuple[str, FakeService], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    config = tuned_config(program, "remove_dropout", backend="inductor")
+    fake.configs[model_fingerprint(program)] = config
+
+    def broken(module: nn.Module) -> Any:
+        def run(*_: Any) -> Any:
+            raise RuntimeError("no compiler here")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert not has_dropout(module)
+    assert len(warned) == 1 and "torch.compile failed" in warned[0] and "no compiler" in warned[0]
+
+
+def test_a_config_that_packs_inputs_keeps_the_original_signature(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    rows, counts = [10, 7, 12], [5, 8, 3]
+    ranker = Ranker(rows).eval()
+    make = ranker_inputs(rows, counts, bags=4)
+    gen = torch.Generator().manual_seed(0)
+    program = export_module(ranker, make(gen))
+    fake.configs[model_fingerprint(program)] = tuned_config(
+        program, "combine_sparse_inputs", changes_inputs=True
+    )
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert warned == [] and isinstance(module, PackedInputs)
+    placeholders = [n.target for n in module.tuned.graph.nodes if n.op == "placeholder"]
+    assert placeholders == ["sparse_indices", "sparse_offsets", "xs_2"]
+    with torch.no_grad():
+        for _ in range(3):
+            inputs = make(gen)
+            torch.testing.assert_close(module(*inputs), ranker(*inputs))
+
+
+BLOCKED = """
+import sys, warnings
+from pathlib import Path
+
+SERVICE_ONLY = {
+    "fastapi", "sqlalchemy", "alembic", "uvicorn", "starlette", "pydantic_settings", "psycopg",
+    "multipart", "jinja2", "service", "worker",
+}
+
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in SERVICE_ONLY:
+            raise ImportError(f"{name} is blocked: the client must not need it")
+
+sys.meta_path.insert(0, Blocked())
+try:
+    import fastapi
+except ImportError:
+    pass
+else:
+    raise SystemExit("the import blocker does not work")
+
+from tuner.client import FxtuneClientWarning, load_tuned
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    module = load_tuned(sys.argv[1], server=sys.argv[2], cache_dir=Path(sys.argv[3]))
+assert not [w for w in caught if w.category is FxtuneClientWarning], caught
+assert not any("dropout" in str(n.target) for n in module.graph.nodes)
+print("tuned")
+"""
+
+
+def test_the_client_needs_none_of_the_service_dependencies(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
+    path = save_program(program, tmp_path / "model.pt2")
+    run = subprocess.run(
+        [sys.executable, "-c", BLOCKED, str(path), url, str(tmp_path / "cache")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "tuned"
+    assert len(fake.seen) == 1
+
+
+def test_fetch_command_writes_the_config_or_exits_2(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    program = dropped_program()
+    fingerprint = model_fingerprint(program)
+    config = tuned_config(program, "remove_dropout")
+    fake.configs[fingerprint] = config
+    path = save_program(program, tmp_path / "model.pt2")
+    runner = CliRunner()
+    for target in (fingerprint, str(path)):
+        out = tmp_path / target[-8:] / "config.json"
+        result = runner.invoke(app, ["fetch", target, "--server", url, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text()) == config
+
+    result = runner.invoke(app, ["fetch", fingerprint, "--server", url])
+    assert result.exit_code == 0 and json.loads(result.stdout) == config
+
+    for target, server, says in [
+        ("ab" * 16, url, "no tuned config for fingerprint"),
+        (fingerprint, dead_url(), "unreachable"),
+        ("missing.pt2", url, "no such file: missing.pt2"),
+        ("not-a-model", url, "neither a fingerprint"),
+    ]:
+        result = runner.invoke(app, ["fetch", target, "--server", server, "-o", "x.json"])
+        assert result.exit_code == 2 and says in result.output, result.output
