@@ -28,6 +28,16 @@ class WorkerSettings(BaseSettings):
     )
     worker_poll_s: float = Field(default=2.0, gt=0)
     worker_scratch_dir: Path | None = None
+    worker_decision_cache: Path | None = Field(
+        default=None,
+        description="Decision cache shared by this machine's jobs (default: the tuner's own)",
+    )
+    worker_tune_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="CPU threads per tuning job (below the core count on "
+        "machines shared with other work, so measurements are not stalled by it)",
+    )
 
     @property
     def token(self) -> str | None:

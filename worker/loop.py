@@ -181,6 +181,10 @@ class Worker:
         ]
         if job.budget_s is not None:
             cmd += ["--budget-s", f"{job.budget_s:g}"]
+        if self.settings.worker_decision_cache is not None:
+            cmd += ["--cache", str(self.settings.worker_decision_cache)]
+        if self.settings.worker_tune_threads is not None:
+            cmd += ["--threads", str(self.settings.worker_tune_threads)]
         return cmd
 
     def limits(self, job: Assignment) -> Limits:

@@ -158,3 +158,16 @@ def test_result_files_stay_inside_the_output_folder(tmp_path: Path) -> None:
         result_files(tmp_path / "report.json")
     with pytest.raises(ValueError, match="no report"):
         result_files(tmp_path / "missing.json")
+
+
+def test_the_tune_command_carries_the_machines_cache_and_threads(tmp_path: Path) -> None:
+    job = Assignment(1, 1, "cpu", 5.0, "token", 30.0, "0" * 64, 1, "m", "/file")
+    plain = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
+    cmd = plain.command(job, tmp_path / "m.pt2", tmp_path)
+    assert "--cache" not in cmd and "--threads" not in cmd
+    assert cmd[cmd.index("--budget-s") + 1] == "5"
+    settings = WorkerSettings(worker_decision_cache=tmp_path / "c.json", worker_tune_threads=1)
+    tuned = Worker(settings, "cpu", HARDWARE, ServiceClient("http://x", None))
+    cmd = tuned.command(job, tmp_path / "m.pt2", tmp_path)
+    assert cmd[cmd.index("--cache") + 1] == str(tmp_path / "c.json")
+    assert cmd[cmd.index("--threads") + 1] == "1"
