@@ -146,7 +146,6 @@ def tune_cmd(
             budget_s=budget_s,
             backends=backend or None,
             cache_path=cache,
-            profile=not no_profile,
             threads=threads,
         )
         with _progress_printer(progress_json) as say:

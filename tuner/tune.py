@@ -54,7 +54,6 @@ class TuneOptions:
     threads: int | None = None
     whole_model_budget_s: float = 6.0
     site_budget_s: float = 1.5
-    profile: bool = True
 
 
 @dataclass
