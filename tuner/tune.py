@@ -1,4 +1,4 @@
-"""Tuning a whole program: site search, backend choice, verification, profiles, artifacts.
+"""Tuning a whole program: site search, backend choice, verification (outputs.py writes files).
 
 The result is never worse than the original: every whole-model candidate (passes under eager,
 the original and the passes under inductor) is timed against the untouched original, and one is
