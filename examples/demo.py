@@ -11,9 +11,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,60 +22,18 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from service.launch import serve_process
+
 console = Console()
-REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def service(data_dir: Path, log: Path) -> Iterator[str]:
-    """`fxtune serve --embedded-worker` on loopback; stopped (and its worker with it) on exit."""
-    port = free_port()
+    """`fxtune serve --embedded-worker` on loopback with a throw-away data dir (SQLite)."""
     env = {k: v for k, v in os.environ.items() if k != "FXTUNE_DATABASE_URL"}
     env["FXTUNE_DATA_DIR"] = str(data_dir)
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fxtune_cli",
-                "serve",
-                "--port",
-                str(port),
-                "--embedded-worker",
-                "--log-level",
-                "warning",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the service exited early; see {log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the service did not start; see {log}")
-            time.sleep(0.3)
+    with serve_process(env, log, "--embedded-worker", start_timeout_s=180) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def upload_all(http: httpx.Client, models: dict[str, Path], budget_s: float) -> dict[str, Any]:

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from service.launch import serve_process
 from tests.service.helpers import (
     REPO,
     children,
     fxtune_env,
-    serve_process,
     wait_for,
     worker_process,
 )

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from examples.screenshots import CHROMIUM_ARGS, chromium_path
-from tests.service.helpers import fxtune_env, serve_process, tiny_program
+from service.launch import serve_process
+from tests.service.helpers import fxtune_env, tiny_program
 
 pytestmark = pytest.mark.e2e
 

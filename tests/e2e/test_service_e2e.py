@@ -18,6 +18,7 @@ import httpx
 import pytest
 import torch
 
+from service.launch import serve_process
 from tests.service.helpers import (
     REPO,
     children,
@@ -25,7 +26,6 @@ from tests.service.helpers import (
     malicious_program,
     payload_runs_under_plain_load,
     pid_alive,
-    serve_process,
     tiny_program,
     wait_for,
     worker_process,

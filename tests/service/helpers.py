@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 import uvicorn
 
 from service.core.config import Settings
+from service.launch import free_port
 from service.main import create_app
-from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,49 +126,6 @@ def thread_server(settings: Settings) -> Iterator[tuple[str, Any]]:
 def fxtune_env(**env: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_")}
     return {**base, "PYTHONPATH": str(REPO), **env}
-
-
-@contextlib.contextmanager
-def serve_process(env: dict[str, str], log: Path, *args: str) -> Iterator[str]:
-    """`fxtune serve [args]` in a subprocess on a free loopback port; yields its base URL."""
-    port = free_port()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fxtune_cli",
-                "serve",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                *args,
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited early:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        return False
-
-    try:
-        wait_for(healthy, 90, "the service to answer /healthz", 0.25)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextlib.contextmanager

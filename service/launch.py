@@ -1,0 +1,63 @@
+"""Starting `fxtune serve` as a child process: for the demo, the screenshots and the e2e tests.
+
+A real process on a real port (not an in-process app), so what runs is what a user runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_process(
+    env: Mapping[str, str], log: Path, *args: str, start_timeout_s: float = 120
+) -> Iterator[str]:
+    """`fxtune serve [args]` on a free loopback port; yields its base URL, stops it on exit.
+
+    Stopping the service also stops an embedded worker (it dies with its parent).
+    """
+    port = free_port()
+    command = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port)]
+    if "--log-level" not in args:
+        command += ["--log-level", "warning"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*command, *args], cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the service exited early:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the service did not answer /healthz; see {log}")
+            time.sleep(0.25)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
