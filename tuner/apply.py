@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -10,7 +11,7 @@ from torch import fx
 from torch.export import ExportedProgram
 from torch.fx.passes.tools_common import stable_topological_sort
 
-from tuner.capture import Inputs, refresh_meta, to_graph_module, to_program
+from tuner.capture import Inputs, example_inputs, refresh_meta, to_graph_module, to_program
 from tuner.passes import get_pass
 from tuner.sites import Site
 
@@ -76,16 +77,12 @@ def apply_passes(
     program: ExportedProgram, pass_names: Sequence[str], site_ids: Collection[str] | None = None
 ) -> Transformed:
     """Every site of each named pass (or only `site_ids`), in the order given."""
-    from tuner.capture import example_inputs
-
     gm = to_graph_module(program)
     return apply_steps(gm, example_inputs(program), [(p, site_ids) for p in pass_names])
 
 
 def count_ops(gm: fx.GraphModule) -> int:
     """Calls in the graph that dispatch work (getitem and views of tuples excluded)."""
-    import operator
-
     return sum(
         1
         for n in gm.graph.nodes

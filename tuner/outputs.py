@@ -11,8 +11,7 @@ import torch
 
 from tuner import backends
 from tuner.capture import example_inputs, save_program, to_program
-from tuner.config import apply_config
-from tuner.tune import TuneOutcome, _errors, _to_device
+from tuner.tune import TuneOutcome, output_errors, to_device
 
 
 def aoti_path_for(program_path: Path) -> Path:
@@ -26,9 +25,8 @@ def write_outputs(
     say = progress or (lambda _f, _m: None)
     config = outcome.config
     device = config.hardware["device"]
-    replay = apply_config(outcome.original, config)
-    replay.gm.to(device)
-    inputs = tuple(_to_device(x, device) for x in replay.inputs)
+    replay = outcome.tuned  # the config replayed on the original, verified by the tuner
+    inputs = tuple(to_device(x, device) for x in replay.inputs)
     say(0.92, "exporting tuned program")
     save_program(to_program(replay.gm, inputs), out)
     artifacts: dict[str, Any] = {"program": _rel(out, report), "aoti": None, "traces": {}}
@@ -41,8 +39,8 @@ def write_outputs(
             backends.package_aoti(torch.export.load(out), aoti)
         packaged = backends.load_aoti(aoti)
         original = outcome.original.module().to(device)
-        originals = tuple(_to_device(x, device) for x in example_inputs(outcome.original))
-        abs_err, _ = _errors(original, lambda *a: packaged(*replay.pack(a)), [originals])
+        originals = tuple(to_device(x, device) for x in example_inputs(outcome.original))
+        abs_err, _ = output_errors(original, lambda *a: packaged(*replay.pack(a)), [originals])
         artifacts["aoti"] = _rel(aoti, report)
         artifacts["aoti_max_abs_error"] = abs_err
     profiles: dict[str, Any] = {}
@@ -51,8 +49,8 @@ def write_outputs(
 
         say(0.97, "profiling baseline and tuned")
         base_mod = outcome.original.module().to(device)
-        base_inputs = tuple(_to_device(x, device) for x in example_inputs(outcome.original))
-        tuned_inputs = tuple(_to_device(x, device) for x in outcome.tuned.inputs)
+        base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
+        tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
         for name, fn in (
             ("baseline", lambda: base_mod(*base_inputs)),
             ("tuned", lambda: outcome.runner(*tuned_inputs)),

@@ -76,7 +76,7 @@ class TuneOutcome:
     package: Path | None = None  # the AOTInductor package of the chosen module, if inductor
 
 
-def _to_device(x: Any, device: str) -> Any:
+def to_device(x: Any, device: str) -> Any:
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
@@ -85,7 +85,7 @@ def _first_tensor_outputs(out: Any) -> list[torch.Tensor]:
     return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
-def _errors(
+def output_errors(
     reference: Callable[..., Any], candidate: Callable[..., Any], trials: list[Inputs]
 ) -> tuple[float, float]:
     worst_abs = worst_rel = 0.0
@@ -126,25 +126,21 @@ class Tuner:
         self, gm0: fx.GraphModule, inputs: Inputs, greedy: list[PassStep], every: list[str]
     ) -> list[Candidate]:
         """Whole-model candidates, most promising first, so a tight budget drops the least."""
+        # Building a runner never changes its module (eager runs it, inductor exports it), so
+        # one rewritten module serves every backend, as gm0 serves the baseline and "inductor".
         blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
         blind_steps = _steps_from_sites(blind.applied)
-
-        def tuned() -> Transformed:
-            return apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy))
-
-        def every_pass() -> Transformed:
-            return apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
-
+        tuned = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy)) if greedy else None
         wanted = self.options.backends or backends.available_backends(self.device)
         blind_differs = bool(blind.applied) and blind_steps != greedy
         out: list[Candidate] = []
         for b in wanted:
-            if greedy:
-                out.append(Candidate(f"{b} + tuned passes", b, greedy, tuned()))
+            if tuned is not None:
+                out.append(Candidate(f"{b} + tuned passes", b, greedy, tuned))
             if b != "eager":
                 out.append(Candidate(b, b, [], Transformed(gm0, inputs)))
             if blind_differs:
-                out.append(Candidate(f"{b} + every pass", b, blind_steps, every_pass()))
+                out.append(Candidate(f"{b} + every pass", b, blind_steps, blind))
         return out
 
     def _judge(
@@ -184,7 +180,7 @@ class Tuner:
         say = progress or (lambda _f, _m: None)
         say(0.0, "capturing graph")
         gm0 = to_graph_module(program).to(self.device)
-        inputs = tuple(_to_device(x, self.device) for x in example_inputs(program))
+        inputs = tuple(to_device(x, self.device) for x in example_inputs(program))
         every = self.options.passes or pass_names()
         settings = SearchSettings(
             device=self.device,
@@ -241,7 +237,7 @@ class Tuner:
         wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
         if wrong is None:
             wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
-        abs_err, rel_err = _errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
+        abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
         config.verification = Verification(
             inputs=len(trials),
             max_abs_error=abs_err,
