@@ -49,7 +49,6 @@ class SearchResult:
     decisions: list[SiteDecision] = field(default_factory=list)
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     timed: int = 0
-    packers: list[Callable[[Inputs], Inputs]] = field(default_factory=list)
 
 
 @dataclass
@@ -196,7 +195,6 @@ class SiteSearch:
             if accepted:
                 applied = apply_steps(gm, result.inputs, [(name, accepted)])
                 result.inputs = applied.inputs
-                result.packers.extend(applied.packers)
                 result.steps.append(PassStep(pass_name=name, sites=sorted(accepted)))
         if progress:
             progress(1.0, "site search done")
