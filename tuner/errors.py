@@ -15,3 +15,7 @@ class UnsafeArtifactError(FxtuneError):
 
 class PassError(FxtuneError):
     """A pass or site name is unknown, or a rewrite could not be applied."""
+
+
+class LoaderUnavailableError(FxtuneError):
+    """This torch lacks what the safe loader needs, so it refuses to load rather than fall back."""

@@ -1,0 +1,198 @@
+"""Hostile `.pt2` files an attacker could upload, built from a real program for the tests.
+
+Each builder writes a file that plain `torch.export.load` would accept far enough to do harm; the
+tests show that fxtune's loader, the service and a live worker refuse it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tuner.capture import export_module, save_program
+
+MARKER_ENV = "FXTUNE_TEST_MARKER"
+CONSTRUCTOR_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+    const char *p = getenv("FXTUNE_TEST_MARKER");
+    if (p) { FILE *f = fopen(p, "w"); if (f) { fputs("pwned", f); fclose(f); } }
+}
+"""
+Edit = Callable[[str, bytes], bytes | None]
+
+
+def good_program(path: Path) -> Path:
+    net = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    return save_program(export_module(net, (torch.randn(2, 16),)), path)
+
+
+def rewrite(src: Path, dst: Path, edit: Edit, extra: dict[str, bytes] | None = None) -> Path:
+    """Copy `src`, passing each member through `edit` (None drops it), then add `extra`."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        root = zin.namelist()[0].split("/")[0]
+        for item in zin.infolist():
+            data = edit(item.filename, zin.read(item))
+            if data is not None:
+                zout.writestr(item, data)
+        for rel, data in (extra or {}).items():
+            zout.writestr(f"{root}/{rel}", data)
+    return dst
+
+
+def planted_library(src: Path, dst: Path) -> Path:
+    """An AOTInductor wrapper library whose constructor writes the file named by MARKER_ENV."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise RuntimeError("a C compiler is needed to build the planted library")
+    c_file, so_file = dst.with_suffix(".c"), dst.with_suffix(".so")
+    c_file.write_text(CONSTRUCTOR_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so_file), str(c_file)], check=True)
+    meta = json.dumps({"AOTI_DEVICE_KEY": "cpu"}).encode()
+    extra = {
+        "data/aotinductor/model/evil.wrapper.so": so_file.read_bytes(),
+        "data/aotinductor/model/evil.wrapper_metadata.json": meta,
+    }
+    return rewrite(src, dst, lambda _n, d: d, extra)
+
+
+def zip_bomb(src: Path, dst: Path, inflated_bytes: int = 4 * 1024**3) -> Path:
+    """The first weight replaced by a deflated member of `inflated_bytes` zeros (a few MB)."""
+    weight = next(n for n in zipfile.ZipFile(src).namelist() if n.endswith("data/weights/weight_0"))
+    rewrite(src, dst, lambda n, d: None if n == weight else d)
+    chunk = bytes(64 * 1024**2)
+    with (
+        zipfile.ZipFile(dst, "a", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf,
+        zf.open(weight, "w", force_zip64=True) as out,
+    ):
+        for _ in range(inflated_bytes // len(chunk)):
+            out.write(chunk)
+    return dst
+
+
+def from_file_graph(dst: Path, victim: Path) -> Path:
+    """A pickle-free program whose graph reads `victim` from the host (`aten.from_file`)."""
+
+    class Reads(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.full((16,), 0, dtype=torch.uint8) + x
+
+    src = save_program(
+        export_module(Reads(), (torch.zeros(16, dtype=torch.uint8),)),
+        dst.with_name("reads_src.pt2"),
+    )
+
+    def edit(name: str, data: bytes) -> bytes:
+        if not name.endswith("models/model.json"):
+            return data
+        program = json.loads(data)
+        for node in program["graph_module"]["graph"]["nodes"]:
+            if node["target"] == "torch.ops.aten.full.default":
+                node["target"] = "torch.ops.aten.from_file.default"
+                node["inputs"] = [
+                    {"name": "filename", "arg": {"as_string": str(victim)}, "kind": 1},
+                    {"name": "shared", "arg": {"as_bool": False}, "kind": 1},
+                    {"name": "size", "arg": {"as_int": 16}, "kind": 1},
+                    {"name": "dtype", "arg": {"as_scalar_type": 1}, "kind": 2},
+                ]
+        return json.dumps(program).encode()
+
+    return rewrite(src, dst, edit)
+
+
+def custom_op_graph(src: Path, dst: Path) -> Path:
+    """The first ATen call renamed to an op of an unknown namespace."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        if not name.endswith("models/model.json"):
+            return data
+        return data.replace(b"torch.ops.aten.linear.default", b"torch.ops.evil.linear.default", 1)
+
+    return rewrite(src, dst, edit)
+
+
+def traversal_names(src: Path, dst: Path, name: str) -> Path:
+    """The program plus one member stored under `name` exactly (e.g. `../x`, `/etc/x`)."""
+    rewrite(src, dst, lambda _n, d: d)
+    with zipfile.ZipFile(dst, "a") as zf:
+        zf.writestr(zipfile.ZipInfo(name), b"x")
+    return dst
+
+
+def many_members(src: Path, dst: Path, count: int) -> Path:
+    extra = {f"data/weights/weight_{i + 1000}": b"" for i in range(count)}
+    return rewrite(src, dst, lambda _n, d: d, extra)
+
+
+def pickled_sample_inputs(src: Path, dst: Path, marker: Path) -> Path:
+    """Sample inputs whose unpickling would write `marker` (full pickle runs code)."""
+
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (exec, (f"open({str(marker)!r}, 'w').write('pwned')",))
+
+    buf = io.BytesIO()
+    torch.save(((Payload(),), {}), buf)
+    return rewrite(
+        src, dst, lambda n, d: buf.getvalue() if n.endswith("data/sample_inputs/model.pt") else d
+    )
+
+
+def resized_weight(src: Path, dst: Path) -> Path:
+    """The weights config claims another shape than the graph's placeholder expects."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        if not name.endswith("data/weights/model_weights_config.json"):
+            return data
+        config = json.loads(data)
+        meta = config["config"]["0.weight"]["tensor_meta"]
+        meta["sizes"] = [{"as_int": 8}, {"as_int": 32}]
+        meta["strides"] = [{"as_int": 32}, {"as_int": 1}]
+        return json.dumps(config).encode()
+
+    return rewrite(src, dst, edit)
+
+
+def overlong_weight(src: Path, dst: Path) -> Path:
+    """A weight whose strides reach past the bytes stored for it."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        if not name.endswith("data/weights/model_weights_config.json"):
+            return data
+        config = json.loads(data)
+        config["config"]["0.weight"]["tensor_meta"]["storage_offset"] = {"as_int": 10_000}
+        return json.dumps(config).encode()
+
+    return rewrite(src, dst, edit)
+
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every crafted file, built once per session (the 4 GiB bomb takes a few seconds)."""
+    root = tmp_path_factory.mktemp("hostile")
+    good = good_program(root / "good.pt2")
+    victim = root / "victim.bin"
+    victim.write_bytes(b"SECRET-HOST-FILE")
+    return {
+        "good": good,
+        "planted_library": planted_library(good, root / "planted.pt2"),
+        "zip_bomb": zip_bomb(good, root / "bomb.pt2"),
+        "from_file": from_file_graph(root / "from_file.pt2", victim),
+        "custom_op": custom_op_graph(good, root / "custom_op.pt2"),
+        "traversal": traversal_names(good, root / "traversal.pt2", "m/../../escaped"),
+        "absolute_name": traversal_names(good, root / "absolute.pt2", "/tmp/fxtune-escaped"),
+        "many_members": many_members(good, root / "many.pt2", 25_000),
+        "pickled_inputs": pickled_sample_inputs(good, root / "pickled.pt2", root / "pickle-ran"),
+        "resized_weight": resized_weight(good, root / "resized.pt2"),
+        "overlong_weight": overlong_weight(good, root / "overlong.pt2"),
+    }
