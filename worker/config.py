@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker.sandbox import SandboxMode
+
 
 def default_tune_command() -> list[str]:
     return [sys.executable, "-m", "fxtune_cli", "tune"]
@@ -24,13 +26,25 @@ class WorkerSettings(BaseSettings):
     )
     worker_timeout_s: float = Field(default=3600, gt=0, description="Wall-clock cap per job")
     worker_memory_mb: int = Field(
-        default=0, ge=0, description="Address-space cap for CPU jobs; 0 = physical memory"
+        default=0, ge=0, description="Address-space cap for CPU jobs; 0 = the fraction below"
+    )
+    worker_memory_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Address-space cap for CPU jobs as a share of physical memory",
+    )
+    worker_sandbox: SandboxMode = Field(
+        default="auto",
+        description="bwrap: tuning children run in bubblewrap namespaces (read-only system, "
+        "private /tmp, no network); auto: bwrap where it works; none: limits only",
     )
     worker_poll_s: float = Field(default=2.0, gt=0)
     worker_scratch_dir: Path | None = None
-    worker_decision_cache: Path | None = Field(
-        default=None,
-        description="Decision cache shared by this machine's jobs (default: the tuner's own)",
+    worker_decision_cache: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "fxtune" / "decisions.json",
+        description="Decision cache shared by this machine's jobs (the sandbox keeps its "
+        "folder writable)",
     )
     worker_tune_threads: int | None = Field(
         default=None,

@@ -19,7 +19,14 @@ import httpx
 
 from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
 from worker.config import WorkerSettings
-from worker.sandbox import ChildResult, Limits, physical_memory_bytes, run_child
+from worker.sandbox import (
+    ChildResult,
+    Limits,
+    Sandbox,
+    choose_sandbox,
+    physical_memory_bytes,
+    run_child,
+)
 
 log = logging.getLogger("fxtune.worker")
 
@@ -153,6 +160,7 @@ class Worker:
                 beat.update,
                 cancelled=lambda: beat.lost or self._stop.is_set(),
                 on_started=beat.start,
+                sandbox=self.sandbox(job),
             )
         finally:
             if beat.is_alive():
@@ -181,8 +189,7 @@ class Worker:
         ]
         if job.budget_s is not None:
             cmd += ["--budget-s", f"{job.budget_s:g}"]
-        if self.settings.worker_decision_cache is not None:
-            cmd += ["--cache", str(self.settings.worker_decision_cache)]
+        cmd += ["--cache", str(self.settings.worker_decision_cache)]
         if self.settings.worker_tune_threads is not None:
             cmd += ["--threads", str(self.settings.worker_tune_threads)]
         return cmd
@@ -192,11 +199,20 @@ class Worker:
         address_space = None
         if job.device == "cpu":  # CUDA reserves huge virtual ranges; RLIMIT_AS would break it
             mb = self.settings.worker_memory_mb
-            address_space = mb * 1024 * 1024 if mb else physical_memory_bytes()
+            share = self.settings.worker_memory_fraction
+            address_space = mb * 1024 * 1024 if mb else int(physical_memory_bytes() * share)
         return Limits(
             wall_s=wall,
             cpu_s=int(wall * (os.cpu_count() or 1)) + 60,
             address_space_bytes=address_space,
+        )
+
+    def sandbox(self, job: Assignment) -> Sandbox:
+        """The job's isolation; only the decision cache's folder is writable besides the job's."""
+        cache_dir = self.settings.worker_decision_cache.parent
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return choose_sandbox(
+            self.settings.worker_sandbox, (cache_dir,), share_devices=job.device != "cpu"
         )
 
     def _complete(self, job: Assignment, files: dict[str, Path]) -> Outcome:

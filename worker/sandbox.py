@@ -2,16 +2,22 @@
 
 The child gets an address-space and CPU-time cap (setrlimit), its own process group (so a
 timeout kills everything it started), and dies with the worker (PR_SET_PDEATHSIG): a worker
-killed with -9 leaves no orphan tuning behind, and the lease brings the job back.
+killed with -9 leaves no orphan tuning behind, and the lease brings the job back. Its temporary
+files (TMPDIR, Inductor's and Triton's caches) live in the job's folder, so they go with it.
+Where bubblewrap is installed the child also runs in its own namespaces: a read-only view of the
+system, a private /tmp, no network, and only the job folder and the decision cache writable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
+import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import threading
@@ -19,6 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger("fxtune.worker")
 
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
@@ -31,6 +40,89 @@ class Limits:
     wall_s: float
     cpu_s: int | None = None
     address_space_bytes: int | None = None
+
+
+SandboxMode = Literal["auto", "bwrap", "none"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap was required but cannot run here."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Namespaces around the child: `bwrap`, or `none` (rlimits and a private TMPDIR only)."""
+
+    kind: Literal["bwrap", "none"] = "none"
+    writable: tuple[Path, ...] = ()
+    share_devices: bool = False  # GPUs need the host's /dev
+
+    def wrap(self, cmd: list[str], workdir: Path) -> list[str]:
+        if self.kind == "none":
+            return cmd
+        dev = ["--dev-bind", "/dev", "/dev"] if self.share_devices else ["--dev", "/dev"]
+        binds: list[str] = []
+        for path in (workdir, *self.writable):
+            binds += ["--bind", str(path), str(path)]
+        return [
+            "bwrap",
+            "--ro-bind", "/", "/",
+            *dev,
+            "--proc", "/proc",
+            "--tmpfs", "/tmp",
+            *binds,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--chdir", str(workdir),
+            "--",
+            *cmd,
+        ]  # fmt: skip
+
+
+@functools.cache
+def bwrap_works() -> bool:
+    """Whether bubblewrap is installed and may create namespaces here (containers may forbid)."""
+    if shutil.which("bwrap") is None:
+        return False
+    probe = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-all", "--", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def choose_sandbox(
+    mode: SandboxMode, writable: tuple[Path, ...] = (), share_devices: bool = False
+) -> Sandbox:
+    """`auto` takes bubblewrap where it works and says so once where it does not."""
+    if mode == "none":
+        return Sandbox("none")
+    if bwrap_works():
+        return Sandbox("bwrap", writable, share_devices)
+    if mode == "bwrap":
+        raise SandboxUnavailable("FXTUNE_WORKER_SANDBOX=bwrap, but bubblewrap cannot run here")
+    _warn_no_bwrap()
+    return Sandbox("none")
+
+
+@functools.cache
+def _warn_no_bwrap() -> None:
+    log.warning(
+        "bubblewrap is not available: tuning children run with resource limits and a private "
+        "TMPDIR, but see the whole file system and the network (install Debian's bubblewrap)"
+    )
+
+
+def private_temp_env(workdir: Path) -> dict[str, str]:
+    """Point every temporary and cache folder the tuner's stack uses into the job's folder."""
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {
+        "TMPDIR": str(tmp),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
+        "TRITON_CACHE_DIR": str(tmp / "triton"),
+    }
 
 
 @dataclass(frozen=True)
@@ -104,6 +196,7 @@ def run_child(
     cancelled: Callable[[], bool] = lambda: False,
     on_started: Callable[[], None] | None = None,
     env: dict[str, str] | None = None,
+    sandbox: Sandbox = Sandbox(),
 ) -> ChildResult:
     """Run `cmd`; stdout carries JSON progress lines, stderr goes to a file for the error.
 
@@ -111,11 +204,16 @@ def run_child(
     process that runs no other thread.
     """
     stderr_path = workdir / "stderr.log"
-    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    child_env = {
+        **os.environ,
+        **private_temp_env(workdir),
+        **(env or {}),
+        "PYTHONUNBUFFERED": "1",
+    }
     with stderr_path.open("w") as stderr:
         try:
             proc = subprocess.Popen(
-                cmd,
+                sandbox.wrap(cmd, workdir),
                 cwd=workdir,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

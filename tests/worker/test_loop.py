@@ -164,7 +164,9 @@ def test_the_tune_command_carries_the_machines_cache_and_threads(tmp_path: Path)
     job = Assignment(1, 1, "cpu", 5.0, "token", 30.0, "0" * 64, 1, "m", "/file")
     plain = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
     cmd = plain.command(job, tmp_path / "m.pt2", tmp_path)
-    assert "--cache" not in cmd and "--threads" not in cmd
+    assert "--threads" not in cmd
+    # Always named, so the sandbox can keep exactly that folder writable.
+    assert cmd[cmd.index("--cache") + 1] == str(Path.home() / ".cache/fxtune/decisions.json")
     assert cmd[cmd.index("--budget-s") + 1] == "5"
     settings = WorkerSettings(worker_decision_cache=tmp_path / "c.json", worker_tune_threads=1)
     tuned = Worker(settings, "cpu", HARDWARE, ServiceClient("http://x", None))

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.service.helpers import REPO, pid_alive, wait_for
-from worker.sandbox import Limits, error_line, run_child
+from worker.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxUnavailable,
+    bwrap_works,
+    choose_sandbox,
+    error_line,
+    run_child,
+)
 
 
 def py(code: str) -> list[str]:
@@ -103,3 +117,69 @@ def test_the_tuner_dies_with_its_worker(tmp_path: Path) -> None:
 def test_a_missing_tuner_is_an_error_not_a_crash(tmp_path: Path) -> None:
     result = run_child(["/nonexistent/fxtune"], Limits(wall_s=5), tmp_path, lambda p, m: None)
     assert not result.ok and "cannot start the tuner" in (result.error or "")
+
+
+PROBE = """
+import json, os, socket, tempfile, sys
+port, outside = int(sys.argv[1]), sys.argv[2]
+out = {"tmpdir": tempfile.mkdtemp(), "tmp_listing": sorted(os.listdir("/tmp"))}
+try:
+    open(outside, "w").write("escaped")
+except OSError:
+    pass
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    out["connected"] = True
+except OSError:
+    out["connected"] = False
+open("probe.json", "w").write(json.dumps(out))
+"""
+
+
+@contextlib.contextmanager
+def listening() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        yield srv.getsockname()[1]
+
+
+def probe(tmp_path: Path, sandbox: Sandbox) -> dict[str, object]:
+    workdir, outside = tmp_path / "job", tmp_path / "outside.txt"
+    workdir.mkdir()
+    with listening() as port:
+        cmd = [sys.executable, "-c", PROBE, str(port), str(outside)]
+        result = run_child(cmd, Limits(wall_s=60), workdir, lambda p, m: None, sandbox=sandbox)
+    assert result.ok, result.error
+    found = json.loads((workdir / "probe.json").read_text())
+    found["escaped"] = outside.exists()  # on the host, not in the sandbox's own /tmp
+    assert Path(str(found["tmpdir"])).is_relative_to(workdir / "tmp")  # private TMPDIR
+    return found
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot run on this machine")
+def test_bubblewrap_keeps_the_child_off_the_disk_and_the_network(tmp_path: Path) -> None:
+    found = probe(tmp_path, choose_sandbox("bwrap"))
+    assert found["escaped"] is False
+    assert found["connected"] is False
+    # /tmp is its own: only the mount point of the job folder, when that lies below /tmp
+    job = (tmp_path / "job").resolve()
+    assert found["tmp_listing"] == ([job.parts[2]] if job.is_relative_to("/tmp") else [])
+
+
+def test_without_bubblewrap_the_same_child_reaches_both(tmp_path: Path) -> None:
+    """Control for the test above, and what `FXTUNE_WORKER_SANDBOX=none` gives up."""
+    found = probe(tmp_path, choose_sandbox("none"))
+    assert found["escaped"] is True
+    assert found["connected"] is True
+
+
+def test_requiring_bubblewrap_where_it_is_missing_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("worker.sandbox.shutil.which", lambda _name: None)
+    bwrap_works.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match="bubblewrap cannot run"):
+            choose_sandbox("bwrap")
+        assert choose_sandbox("auto").kind == "none"
+    finally:
+        bwrap_works.cache_clear()
