@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo serve bench clean
+.PHONY: venv test lint demo demo-serve serve bench clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,9 @@ test: venv lint
 
 demo: venv
 	$(PY) -m examples.demo
+
+demo-serve: venv
+	$(PY) -m examples.demo --keep-serving
 
 serve: venv
 	$(VENV)/bin/fxtune serve

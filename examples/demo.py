@@ -130,11 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                     console.print(f"{name} failed: {job['error']}", style="red", markup=False)
             if any(j["status"] != "succeeded" for j in final.values()):
                 console.print("service log (tail):\n" + tail(root / "serve.log"), markup=False)
-            console.print(f"dashboard: {url}/   API docs: {url}/docs")
-            if args.keep_serving:
-                console.print("serving until Ctrl-C")
+            if args.keep_serving and httpx.get(f"{url}/healthz", timeout=5).is_success:
+                console.print(f"dashboard: {url}/   API docs: {url}/docs   (serving until Ctrl-C)")
                 with contextlib.suppress(KeyboardInterrupt):
                     signal.pause()
+            else:
+                console.print(
+                    "the demo's service stops now; `make demo-serve` (or --keep-serving) keeps "
+                    "it and its dashboard up"
+                )
     return 0 if all(j["status"] == "succeeded" for j in final.values()) else 1
 
 
