@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from fxtune_cli import app as cli_app
 from service.core.config import Settings
 from service.main import create_app
+from tests.service.helpers import LOCAL
 from worker.config import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +73,7 @@ def test_urls_point_at_compose_services_and_real_routes(tmp_path: Path) -> None:
         urls += [v for k, v in s.get("environment", {}).items() if k == "FXTUNE_DATABASE_URL"]
     assert urls
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
-    with TestClient(create_app(settings), client=("127.0.0.1", 1)) as client:
+    with TestClient(create_app(settings), base_url=LOCAL, client=("127.0.0.1", 1)) as client:
         for url in urls:
             parsed = urlparse(url)
             assert parsed.hostname in {*SERVICES, "127.0.0.1"}, url
