@@ -87,8 +87,10 @@ def test_upload_tune_and_fetch_over_http(
         serve_process(env, tmp_path / "serve.log") as url,
         worker_process(url, env, tmp_path / "worker.log") as worker,
     ):
+        # The crafted archive: refused at upload by the safe loader, payload never ran.
         evil = upload(url, programs["evil"], tune="true", budget_s="3")
-        assert evil.status_code == 201
+        assert evil.status_code == 422 and "cannot be loaded safely" in evil.json()["detail"]
+        assert not programs["marker"].exists()
         submit = subprocess.run(
             [
                 sys.executable,
@@ -112,10 +114,6 @@ def test_upload_tune_and_fetch_over_http(
         assert submit.returncode == 0, submit.stdout + submit.stderr
         assert "tuned: backend eager" in submit.stdout
 
-        # The crafted archive: refused with a clear error, never retried, payload never ran.
-        failed = wait_job(url, evil.json()["job"]["id"])
-        assert failed["status"] == "failed" and failed["attempts"] == 1
-        assert "refused to load" in failed["error"]
         assert not programs["marker"].exists()
         assert worker.poll() is None and httpx.get(f"{url}/healthz").status_code == 200
 
@@ -123,7 +121,7 @@ def test_upload_tune_and_fetch_over_http(
         again = upload(url, programs["good"])
         assert again.status_code == 200
         model_id = again.json()["id"]
-        assert len(httpx.get(f"{url}/api/v1/models").json()) == 2
+        assert len(httpx.get(f"{url}/api/v1/models").json()) == 1
 
         # The tuned program loads with plain torch and computes what the original does.
         art = httpx.get(f"{url}/api/v1/models/{model_id}/artifact", params={"device": "cpu"})
