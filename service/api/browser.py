@@ -39,10 +39,11 @@ def split_host(value: str, scheme: str) -> tuple[str, int | None]:
 
 
 def _same_address(a: str, b: str) -> bool:
+    """Only literal IPs: the bound address is one, and a name proves nothing about itself."""
     try:
         return ipaddress.ip_address(a) == ipaddress.ip_address(b)
     except ValueError:
-        return a == b
+        return False
 
 
 class BrowserGuard:

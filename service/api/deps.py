@@ -14,7 +14,7 @@ from service.artifacts import ArtifactStore
 from service.core.config import Settings
 from service.store import AbstractStore
 
-_bearer = HTTPBearer(auto_error=False, description="FXTUNE_API_TOKEN")
+bearer = HTTPBearer(auto_error=False, description="FXTUNE_API_TOKEN")
 
 
 # The dependencies are `async def` although they never wait: FastAPI runs plain `def`
@@ -42,7 +42,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[AbstractStore, Depends(get_store)]
 ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifacts)]
 ConfigCacheDep = Annotated[ConfigCache, Depends(get_config_cache)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
 def is_loopback(request: Request) -> bool:
