@@ -201,8 +201,9 @@ def test_four_workers_race_over_200_jobs_on_postgresql(
     upgrade_to_head(engine)
     store = SqlAlchemyStore(engine)
     queued = set()
+    fingerprint = model_fingerprint(load_program(programs["good"]))  # what uploads record
     for i in range(200):
-        model, _ = store.add_model(f"{i:064x}", f"m{i}", 1)
+        model, _ = store.add_model(f"{i:064x}", f"m{i}", 1, fingerprint)
         queued.add(store.enqueue_job(model.id, "cpu", None)[0].id)
     engine.dispose()
 
@@ -238,17 +239,34 @@ def test_four_workers_race_over_200_jobs_on_postgresql(
     assert sorted(len(m["configs"]) for m in models) == [1] * 200
 
 
-def test_serve_with_an_embedded_worker(programs: dict[str, Any], tmp_path: Path) -> None:
-    """The embedded worker is a child that talks HTTP, and it stops with the service."""
+@pytest.mark.parametrize("token", [None, "user-s3cret"], ids=["loopback", "token"])
+def test_serve_with_an_embedded_worker(
+    programs: dict[str, Any], tmp_path: Path, token: str | None
+) -> None:
+    """The embedded worker is a child that talks HTTP, and it stops with the service.
+
+    With a user token and no FXTUNE_WORKER_TOKEN, the service makes up a worker token for its
+    own worker: jobs still run, while the user token stays refused on the worker routes.
+    """
     env = fxtune_env(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_WORKER_TUNE_COMMAND=json.dumps([sys.executable, "-m", "tests.worker.fake_tune"]),
         FXTUNE_WORKER_POLL_S="0.2",
+        **({"FXTUNE_API_TOKEN": token} if token else {}),
     )
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
     with serve_process(env, tmp_path / "serve.log", "--embedded-worker") as url:
-        job_id = upload(url, programs["good"], tune="true").json()["job"]["id"]
-        job = wait_job(url, job_id, timeout_s=120)
+        with programs["good"].open("rb") as f:
+            up = httpx.post(
+                f"{url}/api/v1/models", files={"file": f}, data={"tune": "true"}, headers=auth
+            )
+        assert up.status_code == 201, up.text
+        job = wait_job(url, up.json()["job"]["id"], timeout_s=120)
         assert job["status"] == "succeeded", job
+        if token:
+            body = {"worker_id": "me", "device": "cpu"}
+            claim = httpx.post(f"{url}/api/v1/jobs/claim", json=body, headers=auth)
+            assert claim.status_code == 403
         worker_pid = int(job["worker_id"].split("-")[-2])  # worker ids are host-pid-device
         assert pid_alive(worker_pid)
     wait_for(lambda: not pid_alive(worker_pid), 30, "the embedded worker to stop with the service")
