@@ -11,9 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from service.core.config import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -44,7 +47,7 @@ def spawn_worker(server: str, device: str, env: dict[str, str]) -> subprocess.Po
     return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
 
 
-def embedded_worker_identity(settings: Any) -> tuple[Any, dict[str, str]]:
+def embedded_worker_identity(settings: Settings) -> tuple[Settings, dict[str, str]]:
     """Settings with a worker token, and the embedded worker's environment.
 
     A service with a user token but no FXTUNE_WORKER_TOKEN makes one up for its own worker, so

@@ -182,3 +182,25 @@ def test_startup_removes_every_dead_spool_but_not_a_live_one(tmp_path: Path) -> 
     assert not dead.exists() and live.path.exists()
     live.discard()
     assert list(store.tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_openapi_lists_the_error_statuses_of_each_route(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    expected = {
+        ("/api/v1/models", "post"): {"400", "401", "403", "413", "415", "422"},
+        ("/api/v1/models/{model_id}", "get"): {"403", "404", "422"},
+        ("/api/v1/models/{model_id}/jobs", "post"): {"400", "403", "404", "422"},
+        ("/api/v1/jobs/{job_id}/complete", "post"): {"400", "401", "403", "404", "409", "413"},
+        ("/api/v1/jobs/{job_id}/heartbeat", "post"): {"403", "404", "409", "422"},
+        ("/api/v1/configs/{fingerprint}", "get"): {"304", "403", "404", "422"},
+        ("/api/v1/models/{model_id}/sites.csv", "get"): {"403", "404", "422"},
+    }
+    for (path, method), codes in expected.items():
+        documented = set(paths[path][method]["responses"])
+        assert codes <= documented, (path, codes - documented)
+    for path, operations in paths.items():
+        for method, op in operations.items():
+            assert "403" in op["responses"], (path, method)  # the Host check answers anywhere
+            error = op["responses"]["403"]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/ErrorOut"}
