@@ -4,13 +4,17 @@ Starts `fxtune serve --embedded-worker` (SQLite in a temp dir), tunes one tiny
 model for real, then sends a bounded number of GET /api/v1/configs/{fingerprint} requests from
 a few concurrent keep-alive clients, with and without If-None-Match, and reports p50/p99.
 
-    python -m bench.config_latency [--requests 2000] [--concurrency 8]
+    python -m bench.config_latency [--requests 2000] [--concurrency 1 8 32] [--label after]
+
+Each run is kept in bench/out/config_latency.json under its label, so a "before" and an "after"
+run on the same machine sit side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -93,10 +97,22 @@ def summary(name: str, latencies: list[float], wall_s: float) -> dict[str, Any]:
     }
 
 
+def save(label: str, run: dict[str, Any]) -> None:
+    """Keep every labelled run (older single-run files are dropped)."""
+    OUT.mkdir(exist_ok=True)
+    path = OUT / "config_latency.json"
+    runs: dict[str, Any] = {}
+    if path.is_file():
+        runs = json.loads(path.read_text()).get("runs", {})
+    runs[label] = run
+    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="config-fetch latency on loopback")
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--label", default="latest", help="Name this run is kept under")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fxtune-bench-") as tmp:
         root = Path(tmp)
@@ -105,16 +121,18 @@ def main(argv: list[str] | None = None) -> int:
             path = f"/api/v1/configs/{fingerprint}?device=cpu"
             etag = httpx.get(url + path).headers["etag"]
             rows = []
-            for name, tag in (("200 full config", None), ("304 If-None-Match", etag)):
-                start = time.perf_counter()
-                lat = hammer(url, path, args.requests, args.concurrency, tag)
-                rows.append(summary(name, lat, time.perf_counter() - start))
-    result = {"concurrency": args.concurrency, "database": "sqlite", "cases": rows}
-    OUT.mkdir(exist_ok=True)
-    (OUT / "config_latency.json").write_text(json.dumps(result, indent=2))
+            for clients in args.concurrency:
+                for name, tag in (("200 full config", None), ("304 If-None-Match", etag)):
+                    start = time.perf_counter()
+                    lat = hammer(url, path, args.requests, clients, tag)
+                    row = summary(name, lat, time.perf_counter() - start)
+                    rows.append({"clients": clients, **row})
+    run = {"database": "sqlite", "cpus": os.cpu_count(), "cases": rows}
+    save(args.label, run)
     for r in rows:
         print(
-            f"{r['case']:<20} n={r['requests']:<6} p50 {r['p50_ms']:6.2f} ms  "
+            f"{r['clients']:>3} clients  {r['case']:<20} n={r['requests']:<6} "
+            f"p50 {r['p50_ms']:6.2f} ms  "
             f"p99 {r['p99_ms']:6.2f} ms  max {r['max_ms']:6.1f} ms  "
             f"{r['throughput_rps']:6.0f} req/s"
         )

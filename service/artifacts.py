@@ -2,16 +2,21 @@
 
 Everything arrives through a spool file in the store's own tmp folder (same filesystem), so a
 finished blob appears with one atomic rename and a failed upload leaves nothing behind.
+
+A spool holds an exclusive `flock` for as long as it lives. The kernel drops that lock when its
+process dies, however it dies (kill -9 included), so at start-up every spool nobody holds is
+garbage from a dead process and goes, whatever its age, while a spool another live process is
+still writing into the same data dir is locked and stays.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 from typing import IO
 
@@ -32,6 +37,9 @@ class Spool:
         self._hash = hashlib.sha256()
         fd, name = tempfile.mkstemp(dir=tmp_dir, prefix="upload-", suffix=".part")
         self.path = Path(name)
+        # A second descriptor only for the lock, so closing the data file keeps the claim.
+        self._lock_fd: int | None = os.open(name, os.O_RDONLY)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._file: IO[bytes] = os.fdopen(fd, "wb")
 
     def write(self, data: bytes) -> None:
@@ -49,10 +57,17 @@ class Spool:
     def sha256(self) -> str:
         return self._hash.hexdigest()
 
+    def release(self) -> None:
+        """Drop the lock (after the spool was moved into the store or deleted)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
     def discard(self) -> None:
         self.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+        self.release()
 
 
 class ArtifactStore:
@@ -83,16 +98,29 @@ class ArtifactStore:
             return False
         target.parent.mkdir(exist_ok=True)
         os.replace(spool.path, target)
+        spool.release()
         return True
 
     def remove(self, sha256: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path(sha256).unlink()
 
-    def clear_tmp(self, older_than_s: float = 3600) -> None:
-        """Spools left by a crashed process are garbage; young ones may be another's upload."""
-        cutoff = time.time() - older_than_s
+    def clear_tmp(self) -> int:
+        """Remove every spool no live process holds (see the module notes); returns how many."""
+        removed = 0
         for leftover in self.tmp.glob("upload-*.part"):
-            with contextlib.suppress(FileNotFoundError):
-                if leftover.stat().st_mtime < cutoff:
+            try:
+                fd = os.open(leftover, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live upload of another process sharing this data dir
+            else:
+                with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
+                    removed += 1
+            finally:
+                os.close(fd)
+        return removed

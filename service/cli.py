@@ -5,14 +5,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from service.core.config import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -37,10 +41,28 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def spawn_worker(server: str, device: str) -> subprocess.Popen[bytes]:
+def spawn_worker(server: str, device: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """The embedded worker is a child that talks HTTP like any other worker."""
     cmd = [sys.executable, "-m", "fxtune_cli", "worker", "--server", server, "--device", device]
-    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+    return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+
+
+def embedded_worker_identity(settings: Settings) -> tuple[Settings, dict[str, str]]:
+    """Settings with a worker token, and the embedded worker's environment.
+
+    A service with a user token but no FXTUNE_WORKER_TOKEN makes one up for its own worker, so
+    the worker routes never take the user's token. The worker is not given the user token.
+    """
+    from pydantic import SecretStr
+
+    if settings.worker_secret is None and settings.token is not None:
+        settings = settings.model_copy(
+            update={"worker_token": SecretStr(secrets.token_urlsafe(32))}
+        )
+    env = {k: v for k, v in os.environ.items() if k != "FXTUNE_API_TOKEN"}
+    if settings.worker_secret is not None:
+        env["FXTUNE_WORKER_TOKEN"] = settings.worker_secret
+    return settings, env
 
 
 def stop_child(proc: subprocess.Popen[bytes], grace_s: float = 15) -> None:
@@ -81,7 +103,10 @@ def serve_cmd(
         raise typer.Exit(2) from None
     finally:
         engine.dispose()
-    worker = spawn_worker(_local_url(host, port), worker_device) if embedded_worker else None
+    worker = None
+    if embedded_worker:
+        settings, worker_env = embedded_worker_identity(settings)
+        worker = spawn_worker(_local_url(host, port), worker_device, worker_env)
     try:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
     finally:

@@ -14,6 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from service.api.browser import BrowserGuard
+from service.api.config_cache import ConfigCache
+from service.api.config_fast_path import ConfigFastPath
 from service.api.main import api_router
 from service.api.routes import health
 from service.artifacts import ArtifactStore
@@ -67,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.store = store
         app.state.artifacts = artifacts
+        app.state.config_cache = ConfigCache(settings.config_cache_ttl_s)
         reaper = asyncio.create_task(reap_forever(store, settings.reap_interval_s))
         try:
             yield
@@ -86,6 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router, include_in_schema=False)  # /healthz at the root too
     mount_dashboard(app)
     _add_error_handlers(app)
+    app.add_middleware(ConfigFastPath)  # inside the guard: the last added runs first
+    app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts)
     return app
 
 

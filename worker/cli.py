@@ -17,7 +17,8 @@ def worker_cmd(
         str | None, typer.Option(help="Service URL (env FXTUNE_SERVER)", show_default=False)
     ] = None,
     token: Annotated[
-        str | None, typer.Option(help="Bearer token (env FXTUNE_API_TOKEN)", show_default=False)
+        str | None,
+        typer.Option(help="Worker token (env FXTUNE_WORKER_TOKEN)", show_default=False),
     ] = None,
     once: Annotated[bool, typer.Option(help="Do at most one job, then exit")] = False,
 ) -> None:
@@ -28,7 +29,7 @@ def worker_cmd(
     from worker.loop import Worker, install_signal_handlers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
-    overrides = {k: v for k, v in {"server": server, "api_token": token}.items() if v}
+    overrides = {k: v for k, v in {"server": server, "worker_token": token}.items() if v}
     settings = WorkerSettings(**overrides)
     try:
         hardware = detect(device)

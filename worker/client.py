@@ -51,6 +51,8 @@ def _detail(resp: httpx.Response) -> str:
 
 
 class ServiceClient:
+    """`token` is the worker token (FXTUNE_WORKER_TOKEN): the service's worker routes take it."""
+
     def __init__(self, server: str, token: str | None, timeout_s: float = 60) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout_s)

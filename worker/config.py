@@ -19,7 +19,11 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FXTUNE_", extra="ignore")
 
     server: str = "http://127.0.0.1:8000"
-    api_token: SecretStr | None = None
+    worker_token: SecretStr | None = Field(
+        default=None,
+        description="The service's FXTUNE_WORKER_TOKEN (the user token is refused on worker "
+        "routes); unset only for a service without tokens, on loopback",
+    )
     worker_tune_command: list[str] = Field(
         default_factory=default_tune_command,
         description="Command prefix that tunes one model (JSON list in the environment)",
@@ -55,4 +59,4 @@ class WorkerSettings(BaseSettings):
 
     @property
     def token(self) -> str | None:
-        return self.api_token.get_secret_value() if self.api_token else None
+        return self.worker_token.get_secret_value() if self.worker_token else None

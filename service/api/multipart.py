@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from fastapi import HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
+from python_multipart.exceptions import ParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
@@ -170,6 +171,11 @@ async def read_form(
     except _BadForm as exc:
         collector.form.discard()
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from None
+    except ParseError as exc:  # e.g. MultipartParseError: bytes that break the framing
+        collector.form.discard()
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, f"malformed multipart body: {exc}"
+        ) from None
     except BaseException:
         collector.form.discard()
         raise

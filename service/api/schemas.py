@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.store import ConfigSummary, Job, Model
 
 Device = Literal["cpu", "cuda", "xla"]
+# Ids are 64-bit in every database; a larger number is a 422 here, never an overflow below.
+INT64_MAX = 2**63 - 1
+IdPath = Annotated[int, Path(ge=1, le=INT64_MAX)]
+IdQuery = Annotated[int | None, Query(ge=1, le=INT64_MAX)]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 Budget = Field(default=None, gt=0, le=7 * 24 * 3600, description="Tuning time budget, seconds")
 
 

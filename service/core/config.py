@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def default_data_dir() -> Path:
@@ -23,6 +24,22 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None
     api_token: SecretStr | None = None
+    worker_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of workers (claim, heartbeat, fail, complete); the user "
+        "token is refused there. Unset with FXTUNE_API_TOKEN unset: loopback workers only",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names (or name:port) this service answers to besides its loopback "
+        "and bound addresses, comma-separated; '*' turns the Host check off",
+    )
+    config_cache_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a cached config may be served before the database is asked "
+        "again: the bound on staleness when several service processes share one database",
+    )
     max_upload_mb: float = Field(default=512, gt=0)
     max_result_mb: float = Field(default=2048, gt=0)
     lease_s: float = Field(default=60, gt=0)
@@ -30,6 +47,13 @@ class Settings(BaseSettings):
     retry_backoff_s: float = Field(default=10, ge=0)
     retry_backoff_max_s: float = Field(default=600, ge=0)
     reap_interval_s: float = Field(default=5, gt=0)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [h.strip().lower() for h in value.split(",") if h.strip()]
+        return value
 
     @property
     def resolved_database_url(self) -> str:
@@ -47,6 +71,10 @@ class Settings(BaseSettings):
     @property
     def token(self) -> str | None:
         return self.api_token.get_secret_value() if self.api_token else None
+
+    @property
+    def worker_secret(self) -> str | None:
+        return self.worker_token.get_secret_value() if self.worker_token else None
 
 
 @lru_cache

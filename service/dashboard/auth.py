@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials
 
-from service.api.deps import Credentials, SettingsDep, require_reader
+from service.api.deps import Credentials, SettingsDep, check_reader
 
 TOKEN_COOKIE = "fxtune_token"
 
@@ -29,6 +29,6 @@ def require_page_reader(request: Request, settings: SettingsDep, creds: Credenti
     if creds is None and (cookie := request.cookies.get(TOKEN_COOKIE)):
         creds = HTTPAuthorizationCredentials(scheme="Bearer", credentials=cookie)
     try:
-        require_reader(request, settings, creds)
+        check_reader(request, settings, creds)
     except HTTPException as exc:
         raise LoginRequired(exc.status_code, str(exc.detail)) from None

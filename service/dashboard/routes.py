@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from service.api.deps import SettingsDep, StoreDep
-from service.api.schemas import Device
+from service.api.schemas import Device, IdPath
 from service.dashboard import format as fmt
 from service.dashboard import views
 from service.dashboard.auth import TOKEN_COOKIE, LoginRequired, require_page_reader
@@ -69,7 +69,7 @@ def index(request: Request, store: StoreDep, settings: SettingsDep) -> HTMLRespo
 
 @router.get("/models/{model_id}", response_class=HTMLResponse)
 def model(
-    model_id: int,
+    model_id: IdPath,
     request: Request,
     store: StoreDep,
     settings: SettingsDep,

@@ -23,11 +23,17 @@ class AbstractStore(ABC):
     policy: QueuePolicy
 
     @abstractmethod
-    def add_model(self, sha256: str, name: str, size_bytes: int) -> tuple[Model, bool]:
+    def add_model(
+        self, sha256: str, name: str, size_bytes: int, fingerprint: str | None = None
+    ) -> tuple[Model, bool]:
         """Register uploaded bytes; the same sha256 again returns the existing model (False)."""
 
     @abstractmethod
     def get_model(self, model_id: int) -> Model: ...
+
+    @abstractmethod
+    def set_fingerprint(self, model_id: int, fingerprint: str) -> Model:
+        """Record the fingerprint of a model stored before uploads were fingerprinted."""
 
     @abstractmethod
     def list_models(self, limit: int = 100, offset: int = 0) -> list[Model]: ...

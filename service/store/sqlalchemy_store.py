@@ -61,13 +61,19 @@ class SqlAlchemyStore(AbstractStore):
 
     # models
 
-    def add_model(self, sha256: str, name: str, size_bytes: int) -> tuple[Model, bool]:
+    def add_model(
+        self, sha256: str, name: str, size_bytes: int, fingerprint: str | None = None
+    ) -> tuple[Model, bool]:
         def attempt() -> tuple[Model, bool]:
             with self._tx(write=True) as s:
                 row = s.scalars(select(ModelRow).where(ModelRow.sha256 == sha256)).first()
                 if row is not None:
+                    if row.fingerprint is None and fingerprint is not None:
+                        row.fingerprint = fingerprint  # a row from before uploads were loaded
                     return _model(row), False
-                row = ModelRow(sha256=sha256, name=name, size_bytes=size_bytes)
+                row = ModelRow(
+                    sha256=sha256, name=name, size_bytes=size_bytes, fingerprint=fingerprint
+                )
                 s.add(row)
                 s.flush()
                 return _model(row), True
@@ -77,6 +83,13 @@ class SqlAlchemyStore(AbstractStore):
     def get_model(self, model_id: int) -> Model:
         with self._tx() as s:
             return _model(_get(s, ModelRow, model_id, "model"))
+
+    def set_fingerprint(self, model_id: int, fingerprint: str) -> Model:
+        with self._tx(write=True) as s:
+            row = _get(s, ModelRow, model_id, "model", lock=True)
+            if row.fingerprint is None:
+                row.fingerprint = fingerprint
+            return _model(row)
 
     def list_models(self, limit: int = 100, offset: int = 0) -> list[Model]:
         with self._tx() as s:
@@ -197,9 +210,8 @@ class SqlAlchemyStore(AbstractStore):
         def attempt() -> tuple[Job, TunedConfig]:
             with self._tx(write=True) as s:
                 job = _leased(s, job_id, lease_token)
+                # The model's fingerprint was computed from its upload; a result never changes it.
                 config = self._upsert_config(s, job, result)
-                model = _get(s, ModelRow, job.model_id, "model")
-                model.fingerprint = result.fingerprint
                 job.status = "succeeded"
                 job.progress = 1.0
                 job.message = "done"
@@ -349,7 +361,9 @@ def _get(s: Session, cls: type[T], ident: int, what: str, lock: bool = False) ->
 
 def _leased(s: Session, job_id: int, token: str, lock: bool = True) -> JobRow:
     row = _get(s, JobRow, job_id, "job", lock=lock)
-    if row.status != "running" or not secrets.compare_digest(row.lease_token or "", token):
+    # Bytes, not str: compare_digest refuses non-ASCII strings, and a token is client input.
+    current = (row.lease_token or "").encode()
+    if row.status != "running" or not secrets.compare_digest(current, token.encode()):
         raise StaleLease(
             f"job {job_id} is not leased to this token (status {row.status}, "
             f"attempt {row.attempts}); a newer attempt owns it or it has finished"

@@ -87,8 +87,10 @@ def test_upload_tune_and_fetch_over_http(
         serve_process(env, tmp_path / "serve.log") as url,
         worker_process(url, env, tmp_path / "worker.log") as worker,
     ):
+        # The crafted archive: refused at upload by the safe loader, payload never ran.
         evil = upload(url, programs["evil"], tune="true", budget_s="3")
-        assert evil.status_code == 201
+        assert evil.status_code == 422 and "cannot be loaded safely" in evil.json()["detail"]
+        assert not programs["marker"].exists()
         submit = subprocess.run(
             [
                 sys.executable,
@@ -112,10 +114,6 @@ def test_upload_tune_and_fetch_over_http(
         assert submit.returncode == 0, submit.stdout + submit.stderr
         assert "tuned: backend eager" in submit.stdout
 
-        # The crafted archive: refused with a clear error, never retried, payload never ran.
-        failed = wait_job(url, evil.json()["job"]["id"])
-        assert failed["status"] == "failed" and failed["attempts"] == 1
-        assert "refused to load" in failed["error"]
         assert not programs["marker"].exists()
         assert worker.poll() is None and httpx.get(f"{url}/healthz").status_code == 200
 
@@ -123,7 +121,7 @@ def test_upload_tune_and_fetch_over_http(
         again = upload(url, programs["good"])
         assert again.status_code == 200
         model_id = again.json()["id"]
-        assert len(httpx.get(f"{url}/api/v1/models").json()) == 2
+        assert len(httpx.get(f"{url}/api/v1/models").json()) == 1
 
         # The tuned program loads with plain torch and computes what the original does.
         art = httpx.get(f"{url}/api/v1/models/{model_id}/artifact", params={"device": "cpu"})
@@ -203,8 +201,9 @@ def test_four_workers_race_over_200_jobs_on_postgresql(
     upgrade_to_head(engine)
     store = SqlAlchemyStore(engine)
     queued = set()
+    fingerprint = model_fingerprint(load_program(programs["good"]))  # what uploads record
     for i in range(200):
-        model, _ = store.add_model(f"{i:064x}", f"m{i}", 1)
+        model, _ = store.add_model(f"{i:064x}", f"m{i}", 1, fingerprint)
         queued.add(store.enqueue_job(model.id, "cpu", None)[0].id)
     engine.dispose()
 
@@ -240,17 +239,34 @@ def test_four_workers_race_over_200_jobs_on_postgresql(
     assert sorted(len(m["configs"]) for m in models) == [1] * 200
 
 
-def test_serve_with_an_embedded_worker(programs: dict[str, Any], tmp_path: Path) -> None:
-    """The embedded worker is a child that talks HTTP, and it stops with the service."""
+@pytest.mark.parametrize("token", [None, "user-s3cret"], ids=["loopback", "token"])
+def test_serve_with_an_embedded_worker(
+    programs: dict[str, Any], tmp_path: Path, token: str | None
+) -> None:
+    """The embedded worker is a child that talks HTTP, and it stops with the service.
+
+    With a user token and no FXTUNE_WORKER_TOKEN, the service makes up a worker token for its
+    own worker: jobs still run, while the user token stays refused on the worker routes.
+    """
     env = fxtune_env(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_WORKER_TUNE_COMMAND=json.dumps([sys.executable, "-m", "tests.worker.fake_tune"]),
         FXTUNE_WORKER_POLL_S="0.2",
+        **({"FXTUNE_API_TOKEN": token} if token else {}),
     )
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
     with serve_process(env, tmp_path / "serve.log", "--embedded-worker") as url:
-        job_id = upload(url, programs["good"], tune="true").json()["job"]["id"]
-        job = wait_job(url, job_id, timeout_s=120)
+        with programs["good"].open("rb") as f:
+            up = httpx.post(
+                f"{url}/api/v1/models", files={"file": f}, data={"tune": "true"}, headers=auth
+            )
+        assert up.status_code == 201, up.text
+        job = wait_job(url, up.json()["job"]["id"], timeout_s=120)
         assert job["status"] == "succeeded", job
+        if token:
+            body = {"worker_id": "me", "device": "cpu"}
+            claim = httpx.post(f"{url}/api/v1/jobs/claim", json=body, headers=auth)
+            assert claim.status_code == 403
         worker_pid = int(job["worker_id"].split("-")[-2])  # worker ids are host-pid-device
         assert pid_alive(worker_pid)
     wait_for(lambda: not pid_alive(worker_pid), 30, "the embedded worker to stop with the service")

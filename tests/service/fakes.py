@@ -1,4 +1,4 @@
-"""Tuning results without torch: what a tuner writes, for tests that exercise the queue."""
+"""Tuning results without tuning: what a tuner writes, for tests that exercise the queue."""
 
 from __future__ import annotations
 
@@ -49,14 +49,26 @@ def config(fingerprint: str = FINGERPRINT, speedup: float = 1.5, **hardware: Any
     }
 
 
+def program_fingerprint(program: Path) -> str:
+    """What a real tuner reports for `program` (the service checks it; this needs torch)."""
+    from tuner.fingerprint import model_fingerprint
+    from tuner.load import load_program
+
+    return model_fingerprint(load_program(program))
+
+
 def write_result(out: Path, program: Path, cfg: dict[str, Any] | None = None) -> dict[str, Path]:
-    """A tuner-shaped output folder (program + report + traces) and the parts to upload."""
+    """A tuner-shaped output folder (program + report + traces) and the parts to upload.
+
+    Without `cfg`, the config names `program`'s own fingerprint, as a real tuner's does.
+    """
     out.mkdir(parents=True, exist_ok=True)
+    cfg = cfg or config(program_fingerprint(program))
     shutil.copy(program, out / "tuned.pt2")
     for kind in ("baseline", "tuned"):
         (out / f"{kind}.trace.json").write_text(json.dumps({"traceEvents": [], "kind": kind}))
     report = {
-        "config": cfg or config(),
+        "config": cfg,
         "profiles": {"baseline": {"ops_per_iter": 5.0}, "tuned": {"ops_per_iter": 4.0}},
         "artifacts": {
             "program": "tuned.pt2",

@@ -24,6 +24,9 @@ from service.launch import free_port
 from service.main import create_app
 
 REPO = Path(__file__).resolve().parents[2]
+# TestClient's default Host ("testserver") is not an address of the service: the Host check
+# refuses it like any DNS-rebinding name, so in-process clients talk to loopback.
+LOCAL = "http://127.0.0.1"
 
 
 class TinyNet(torch.nn.Module):

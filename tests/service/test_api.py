@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from service.core.config import Settings
 from service.main import create_app
-from tests.service.fakes import config, upload_parts, write_result
-from tests.service.helpers import blob_count, spool_count, tiny_program, variant
+from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
+from tests.service.helpers import LOCAL, blob_count, spool_count, tiny_program, variant
 
 LOOPBACK = ("127.0.0.1", 40000)
 ELSEWHERE = ("203.0.113.9", 40000)
@@ -28,6 +28,11 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def fingerprint(program: Path) -> str:
+    return program_fingerprint(program)
+
+
 @pytest.fixture
 def settings(db_url: str, tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path / "data", database_url=db_url, max_upload_mb=0.5)
@@ -35,7 +40,7 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), client=LOOPBACK) as c:
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as c:
         yield c
 
 
@@ -81,7 +86,7 @@ def test_upload_with_tune_queues_one_job(client: TestClient, program: Path) -> N
 
 
 def test_a_worker_round_trip_serves_config_artifact_and_report(
-    client: TestClient, program: Path, tmp_path: Path
+    client: TestClient, program: Path, fingerprint: str, tmp_path: Path
 ) -> None:
     model = upload(client, program, tune="true").json()
     assert client.get(f"/api/v1/models/{model['id']}/config").status_code == 404
@@ -99,14 +104,15 @@ def test_a_worker_round_trip_serves_config_artifact_and_report(
     assert resp.status_code == 200 and resp.json()["status"] == "succeeded"
 
     cfg = client.get(f"/api/v1/models/{model['id']}/config", params={"device": "cpu"})
-    assert cfg.status_code == 200 and cfg.json() == config()
+    assert cfg.status_code == 200 and cfg.json() == config(fingerprint)
     etag = cfg.headers["etag"]
     cached = client.get(f"/api/v1/models/{model['id']}/config", headers={"If-None-Match": etag})
     assert cached.status_code == 304 and cached.content == b""
-    by_fp = client.get(f"/api/v1/configs/{config()['model_fingerprint']}")
+    by_fp = client.get(f"/api/v1/configs/{fingerprint}")
     assert by_fp.json() == cfg.json() and by_fp.headers["etag"] == etag
     again = client.get(
-        f"/api/v1/configs/{config()['model_fingerprint']}", headers={"If-None-Match": etag}
+        f"/api/v1/configs/{fingerprint}",
+        headers={"If-None-Match": etag},
     )
     assert again.status_code == 304
 
@@ -115,7 +121,9 @@ def test_a_worker_round_trip_serves_config_artifact_and_report(
     no_aoti = client.get(f"/api/v1/models/{model['id']}/artifact?device=cpu&format=aoti")
     assert no_aoti.status_code == 404
     report = client.get(f"/api/v1/models/{model['id']}/report").json()
-    assert report["config"] == config() and report["profiles"]["tuned"] == {"ops_per_iter": 4.0}
+    assert report["config"] == config(fingerprint) and report["profiles"]["tuned"] == {
+        "ops_per_iter": 4.0
+    }
     assert client.get(report["artifacts"]["program"]).content == program.read_bytes()
     trace = client.get(report["artifacts"]["traces"]["baseline"])
     assert trace.status_code == 200 and trace.json()["kind"] == "baseline"
@@ -325,7 +333,7 @@ class TestAuth:
 
     def client(self, settings: Settings, host: tuple[str, int], token: str | None) -> TestClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return TestClient(create_app(settings), client=host, headers=headers)
+        return TestClient(create_app(settings), base_url=LOCAL, client=host, headers=headers)
 
     def test_writes_need_the_token(self, settings: Settings, program: Path) -> None:
         with self.client(settings, LOOPBACK, None) as anon:

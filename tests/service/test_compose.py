@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from fxtune_cli import app as cli_app
 from service.core.config import Settings
 from service.main import create_app
+from tests.service.helpers import LOCAL
 from worker.config import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +73,7 @@ def test_urls_point_at_compose_services_and_real_routes(tmp_path: Path) -> None:
         urls += [v for k, v in s.get("environment", {}).items() if k == "FXTUNE_DATABASE_URL"]
     assert urls
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
-    with TestClient(create_app(settings), client=("127.0.0.1", 1)) as client:
+    with TestClient(create_app(settings), base_url=LOCAL, client=("127.0.0.1", 1)) as client:
         for url in urls:
             parsed = urlparse(url)
             assert parsed.hostname in {*SERVICES, "127.0.0.1"}, url
@@ -88,3 +89,29 @@ def test_health_checks_and_the_gpu_reservation() -> None:
     assert "--device" in SERVICES["worker-gpu"]["command"]
     assert SERVICES["worker-gpu"]["command"][-1] == "cuda"
     assert SERVICES["worker-cpu"]["command"][-1] == "cpu"
+
+
+def test_workers_reach_the_service_by_a_name_it_accepts(tmp_path: Path) -> None:
+    """The Host check must let the workers' `http://service:8000` in, with the worker token."""
+    env = SERVICES["service"]["environment"]
+    hosts = re.sub(r"\$\{FXTUNE_ALLOWED_HOSTS:-([^}]*)\}", r"\1", env["FXTUNE_ALLOWED_HOSTS"])
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        allowed_hosts=hosts,
+        api_token="u",
+        worker_token="w",
+    )
+    for name in ("worker-cpu", "worker-gpu"):
+        assert "FXTUNE_WORKER_TOKEN" in SERVICES[name]["environment"]
+        assert "FXTUNE_API_TOKEN" not in SERVICES[name]["environment"]
+    server = SERVICES["worker-cpu"]["command"][
+        SERVICES["worker-cpu"]["command"].index("--server") + 1
+    ]
+    with TestClient(create_app(settings), base_url=server, client=("172.18.0.3", 1)) as client:
+        assert client.get("/healthz").status_code == 200
+        body = {"worker_id": "w", "device": "cpu"}
+        claim = client.post("/api/v1/jobs/claim", json=body, headers={"Authorization": "Bearer w"})
+        assert claim.status_code == 204
+    with TestClient(create_app(settings), base_url="http://evil.example:8000") as client:
+        assert client.get("/healthz").status_code == 403

@@ -22,8 +22,8 @@ from service.core.config import Settings
 from service.dashboard import format as fmt
 from service.dashboard.auth import TOKEN_COOKIE
 from service.main import create_app
-from tests.service.fakes import config, upload_parts, write_result
-from tests.service.helpers import tiny_program, variant
+from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
+from tests.service.helpers import LOCAL, tiny_program, variant
 
 LOOPBACK = ("127.0.0.1", 40000)
 ELSEWHERE = ("203.0.113.9", 40000)
@@ -128,12 +128,15 @@ def store_result(
     cfg: dict[str, Any],
     profiles: dict[str, Any] | None = None,
     aoti: bool = False,
+    worker: dict[str, str] | None = None,
 ) -> None:
-    """Claim the next job and complete it with `cfg`, as a worker would."""
-    claim = client.post("/api/v1/jobs/claim", json={"worker_id": "w1", "device": "cpu"})
+    """Claim the next job and complete it with `cfg`, as a worker (`worker`: its headers)."""
+    claim = client.post(
+        "/api/v1/jobs/claim", json={"worker_id": "w1", "device": "cpu"}, headers=worker
+    )
     assert claim.status_code == 200, claim.text
     job = claim.json()
-    files = write_result(out, program, cfg)
+    files = write_result(out, program, {**cfg, "model_fingerprint": program_fingerprint(program)})
     report = json.loads(files["report"].read_text())
     report["profiles"] = profiles if profiles is not None else PROFILES
     files["report"].write_text(json.dumps(report))
@@ -145,6 +148,7 @@ def store_result(
         f"/api/v1/jobs/{job['job']['id']}/complete",
         data={"lease_token": job["lease_token"]},
         files=upload_parts(files),
+        headers=worker,
     )
     assert resp.status_code == 200, resp.text
 
@@ -158,18 +162,19 @@ def upload(client: TestClient, path: Path, name: str) -> dict[str, Any]:
     return resp.json()
 
 
-def seed(client: TestClient, root: Path) -> dict[str, int]:
+def seed(client: TestClient, root: Path, worker: dict[str, str] | None = None) -> dict[str, int]:
     """`resnet` tuned on two CPUs (AOTI on the newer one), `bert` tuned with its original kept,
-    `new` uploaded and queued."""
+    `new` uploaded and queued; `worker`: the worker's headers when the service has tokens."""
     program = root / "tiny.pt2"
     tiny_program(program)
     ids = {"resnet": upload(client, program, "resnet")["id"]}
-    store_result(client, program, root / "r1", rich_config(threads=1))
+    store_result(client, program, root / "r1", rich_config(threads=1), worker=worker)
     client.post(f"/api/v1/models/{ids['resnet']}/jobs", json={"device": "cpu"})
-    store_result(client, program, root / "r4", rich_config(threads=4), aoti=True)
+    store_result(client, program, root / "r4", rich_config(threads=4), aoti=True, worker=worker)
     bert = variant(program, root / "bert.pt2", "bert")
     ids["bert"] = upload(client, bert, "bert")["id"]
-    store_result(client, program, root / "b1", rich_config(original_kept=True), profiles={})
+    kept = rich_config(original_kept=True)
+    store_result(client, program, root / "b1", kept, profiles={}, worker=worker)
     ids["new"] = upload(client, variant(program, root / "new.pt2", "new"), "new")["id"]
     return ids
 
@@ -179,7 +184,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
     """One seeded service shared by the read-only tests of this module."""
     root = tmp_path_factory.mktemp("dashboard")
     settings = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
-    with TestClient(create_app(settings), client=LOOPBACK) as client:
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
         yield client, seed(client, root)
 
 
@@ -460,9 +465,9 @@ def token_app(tmp_path: Path) -> Any:
 
 
 def test_pages_respect_the_token_and_take_it_from_the_session_cookie(token_app: Any) -> None:
-    with TestClient(token_app, client=LOOPBACK) as local:
+    with TestClient(token_app, base_url=LOCAL, client=LOOPBACK) as local:
         assert local.get("/").status_code == 200  # reads from loopback need no token
-    with TestClient(token_app, client=ELSEWHERE) as remote:
+    with TestClient(token_app, base_url=LOCAL, client=ELSEWHERE) as remote:
         refused = remote.get("/")
         assert refused.status_code == 401 and "token-form" in refused.text
         assert remote.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
@@ -479,7 +484,7 @@ def test_pages_respect_the_token_and_take_it_from_the_session_cookie(token_app: 
 
 def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'd.db'}")
-    with TestClient(create_app(settings), client=ELSEWHERE) as remote:
+    with TestClient(create_app(settings), base_url=LOCAL, client=ELSEWHERE) as remote:
         resp = remote.get("/")
         assert resp.status_code == 403 and "only accepts requests from loopback" in resp.text
         assert "token-form" not in resp.text

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from service.core.config import Settings
 from service.main import create_app
+from tests.service.helpers import LOCAL
 from tests.service.test_dashboard import ELSEWHERE, LOOPBACK, TOKEN, seed
 
 
@@ -21,11 +22,15 @@ from tests.service.test_dashboard import ELSEWHERE, LOOPBACK, TOKEN, seed
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, dict]]:
     root = tmp_path_factory.mktemp("exports")
     settings = Settings(
-        data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}", api_token=TOKEN
+        data_dir=root / "data",
+        database_url=f"sqlite:///{root / 'db.sqlite'}",
+        api_token=TOKEN,
+        worker_token="worker-" + TOKEN,
     )
-    with TestClient(create_app(settings), client=LOOPBACK) as client:
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
         client.headers["Authorization"] = f"Bearer {TOKEN}"
-        yield client, seed(client, root)
+        worker = {"Authorization": f"Bearer worker-{TOKEN}"}
+        yield client, seed(client, root, worker)
 
 
 @pytest.fixture
@@ -130,7 +135,9 @@ def test_sites_csv_errors(client: TestClient, ids: dict[str, int]) -> None:
 
 
 def test_exports_need_the_token_off_loopback(served: tuple[TestClient, dict]) -> None:
-    remote = TestClient(served[0].app, client=ELSEWHERE)  # shares the running app's state
+    remote = TestClient(
+        served[0].app, base_url=LOCAL, client=ELSEWHERE
+    )  # shares the running app's state
     assert remote.get("/api/v1/exports/models.csv").status_code == 401
     ok = remote.get("/api/v1/exports/models.csv", headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200
@@ -145,6 +152,6 @@ def test_exports_are_in_the_openapi_schema(client: TestClient) -> None:
 
 def test_an_empty_service_exports_a_header_only(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'd.db'}")
-    with TestClient(create_app(settings), client=LOOPBACK) as client:
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
         frame = read_csv(client.get("/api/v1/exports/models.csv"))
         assert frame.empty and "speedup" in frame.columns

@@ -13,7 +13,7 @@ from service.db.models import utcnow
 from service.reports import tuning_result
 from service.store import NotFound, QueuePolicy, StaleLease, TuningResult
 from service.store.sqlalchemy_store import SqlAlchemyStore
-from tests.service.fakes import config
+from tests.service.fakes import FINGERPRINT, config
 
 POLICY = QueuePolicy(lease_s=30, max_attempts=2, backoff_s=10, backoff_max_s=100)
 SHA = "a" * 64
@@ -153,7 +153,7 @@ def test_the_reaper_dead_letters_after_the_last_attempt(store: SqlAlchemyStore) 
 def test_completion_stores_the_config_its_rows_and_replaces_older_ones(
     store: SqlAlchemyStore,
 ) -> None:
-    model, _ = store.add_model(SHA, "m", 1)
+    model, _ = store.add_model(SHA, "m", 1, FINGERPRINT)
     for speedup in (1.5, 2.5):
         store.enqueue_job(model.id, "cpu", None)
         claim = store.claim_job("cpu", "w", {})

@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from service.api.deps import Reader, StoreDep
-from service.api.responses import config_response
+from service.api.deps import ConfigCacheDep, Reader, StoreDep
+from service.api.errors import errors
+from service.api.responses import serve_config
 from service.api.schemas import Device
 
 router = APIRouter(tags=["configs"])
@@ -16,14 +17,25 @@ router = APIRouter(tags=["configs"])
 @router.get(
     "/configs/{fingerprint}",
     dependencies=[Reader],
-    responses={200: {"description": "The tuned config (JSON), with an ETag"}, 304: {}},
+    responses={
+        200: {"description": "The tuned config (JSON), with an ETag"},
+        304: {"description": "Unchanged since the ETag in If-None-Match"},
+        **errors(401, 404, 422),
+    },
 )
-def get_config_by_fingerprint(
+async def get_config_by_fingerprint(
     fingerprint: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")],
     request: Request,
     store: StoreDep,
+    cache: ConfigCacheDep,
     device: Annotated[Device, Query()] = "cpu",
     hardware: Annotated[str | None, Query()] = None,
 ) -> Response:
     """The newest tuned config for this fingerprint (`tuner.fingerprint.model_fingerprint`)."""
-    return config_response(request, store.get_config_by_fingerprint(fingerprint, device, hardware))
+    return await serve_config(
+        request,
+        cache,
+        ("fp", fingerprint, device),
+        hardware,
+        lambda: store.get_config_by_fingerprint(fingerprint, device, hardware),
+    )

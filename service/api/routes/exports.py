@@ -9,7 +9,8 @@ import pandas as pd
 from fastapi import APIRouter, Query, Response
 
 from service.api.deps import Reader, StoreDep
-from service.api.schemas import Device
+from service.api.errors import errors
+from service.api.schemas import Device, IdPath
 from service.dashboard.tables import Row, model_rows, site_rows
 
 router = APIRouter(tags=["exports"])
@@ -59,29 +60,48 @@ SITE_COLUMNS = (
     "reason",
 )
 CSV = {200: {"content": {"text/csv": {}}}}
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection, OWASP).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralize(value: object) -> object:
+    """Text that a spreadsheet would evaluate gets a leading `'`; numbers stay numbers."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def csv_response(rows: Sequence[Row], columns: Sequence[str], filename: str) -> Response:
     """Floats keep full precision (repr), so a CSV reads back to the API's numbers."""
-    frame = pd.DataFrame(list(rows), columns=list(columns))
+    safe = [{k: neutralize(v) for k, v in row.items()} for row in rows]
+    frame = pd.DataFrame(safe, columns=list(columns))
+    # CRLF line ends (RFC 4180) also make the writer quote a bare CR inside a cell.
     return Response(
-        frame.to_csv(index=False),
+        frame.to_csv(index=False, lineterminator="\r\n"),
         media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
 
 
-@router.get("/exports/models.csv", dependencies=[Reader], response_class=Response, responses=CSV)
+@router.get(
+    "/exports/models.csv",
+    dependencies=[Reader],
+    response_class=Response,
+    responses={**CSV, **errors(401)},
+)
 def models_csv(store: StoreDep) -> Response:
     """One row per tuned config (model x device x hardware): whole-model speedup and interval."""
     return csv_response(model_rows(store), MODEL_COLUMNS, "fxtune-models.csv")
 
 
 @router.get(
-    "/models/{model_id}/sites.csv", dependencies=[Reader], response_class=Response, responses=CSV
+    "/models/{model_id}/sites.csv",
+    dependencies=[Reader],
+    response_class=Response,
+    responses={**CSV, **errors(401, 404, 422)},
 )
 def sites_csv(
-    model_id: int,
+    model_id: IdPath,
     store: StoreDep,
     device: Annotated[Device, Query()] = "cpu",
     hardware: Annotated[str | None, Query()] = None,

@@ -5,13 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request, status
 from sqlalchemy.exc import SQLAlchemyError
 
+from service.api.errors import errors
 from service.api.schemas import Health
 from service.db.migrate import current_revision
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, responses=errors(503))
 def healthz(request: Request) -> Health:
     try:
         revision = current_revision(request.app.state.engine)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
@@ -13,10 +14,29 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import ArtifactsDep, Reader, SettingsDep, StoreDep, Writer
+from service.api.deps import (
+    ArtifactsDep,
+    ConfigCacheDep,
+    Reader,
+    ReaderOrWorker,
+    SettingsDep,
+    StoreDep,
+    Writer,
+)
+from service.api.errors import errors
 from service.api.multipart import missing_field, read_form
-from service.api.responses import config_response, not_found
-from service.api.schemas import Device, JobCreate, JobOut, ModelOut, UploadOptions
+from service.api.responses import not_found, serve_config
+from service.api.schemas import (
+    Device,
+    IdPath,
+    JobCreate,
+    JobOut,
+    Limit,
+    ModelOut,
+    Offset,
+    UploadOptions,
+)
+from service.programs import UnloadableProgram, fingerprint_of
 from service.store import ConfigSummary, TunedConfig
 from tuner.errors import ArtifactFormatError
 from tuner.load import check_archive
@@ -24,6 +44,7 @@ from tuner.load import check_archive
 router = APIRouter(tags=["models"])
 
 MB = 1024 * 1024
+MAX_NAME = 255
 DeviceQuery = Annotated[Device, Query(description="Target device the config was tuned for")]
 HardwareQuery = Annotated[
     str | None, Query(description="Exact hardware key; the newest config wins when omitted")
@@ -51,6 +72,14 @@ UPLOAD_BODY = {
 }
 
 
+def display_name(given: str | None, filename: str | None, sha256: str) -> str:
+    """The `name` field, else the file's stem without any path (client paths are not ours)."""
+    if given is None:
+        given = Path(re.split(r"[\\/]", filename or "")[-1]).stem
+    name = "".join(ch for ch in given if ch.isprintable()).strip()[:MAX_NAME].strip()
+    return name or sha256[:12]
+
+
 def _options(request: Request, fields: dict[str, str]) -> UploadOptions:
     raw: dict[str, Any] = {**request.query_params, **fields}
     raw.pop("file", None)
@@ -69,7 +98,10 @@ def _options(request: Request, fields: dict[str, str]) -> UploadOptions:
     response_model=ModelOut,
     dependencies=[Writer],
     openapi_extra=UPLOAD_BODY,
-    responses={200: {"description": "These bytes were uploaded before", "model": ModelOut}},
+    responses={
+        200: {"description": "These bytes were uploaded before", "model": ModelOut},
+        **errors(400, 401, 413, 415, 422),
+    },
 )
 async def upload_model(
     request: Request,
@@ -96,9 +128,15 @@ async def upload_model(
             await run_in_threadpool(check_archive, spool.path)
         except ArtifactFormatError as exc:
             raise _unsupported(str(exc)) from None
-        name = options.name or Path(spool.filename or "").stem or spool.sha256[:12]
+        try:
+            fingerprint = await run_in_threadpool(fingerprint_of, spool.path)
+        except UnloadableProgram as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+        name = display_name(options.name, spool.filename, spool.sha256)
         artifacts.put(spool)
-        model, created = await run_in_threadpool(store.add_model, spool.sha256, name, spool.size)
+        model, created = await run_in_threadpool(
+            store.add_model, spool.sha256, name, spool.size, fingerprint
+        )
     finally:
         form.discard()
     job = None
@@ -115,12 +153,10 @@ def _unsupported(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail)
 
 
-@router.get("/models", response_model=list[ModelOut], dependencies=[Reader])
-def list_models(
-    store: StoreDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
-) -> list[ModelOut]:
+@router.get(
+    "/models", response_model=list[ModelOut], dependencies=[Reader], responses=errors(401, 422)
+)
+def list_models(store: StoreDep, limit: Limit = 100, offset: Offset = 0) -> list[ModelOut]:
     models = store.list_models(limit, offset)
     by_model: dict[int, list[ConfigSummary]] = {}
     for c in store.list_configs([m.id for m in models]):
@@ -128,8 +164,13 @@ def list_models(
     return [ModelOut.of(m, by_model.get(m.id, [])) for m in models]
 
 
-@router.get("/models/{model_id}", response_model=ModelOut, dependencies=[Reader])
-def get_model(model_id: int, store: StoreDep) -> ModelOut:
+@router.get(
+    "/models/{model_id}",
+    response_model=ModelOut,
+    dependencies=[Reader],
+    responses=errors(401, 404, 422),
+)
+def get_model(model_id: IdPath, store: StoreDep) -> ModelOut:
     model = store.get_model(model_id)
     return ModelOut.of(model, store.list_configs([model_id]))
 
@@ -137,10 +178,10 @@ def get_model(model_id: int, store: StoreDep) -> ModelOut:
 @router.get(
     "/models/{model_id}/file",
     response_class=FileResponse,
-    dependencies=[Reader],
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    dependencies=[ReaderOrWorker],
+    responses={200: {"content": {"application/octet-stream": {}}}, **errors(401, 404, 422)},
 )
-def download_upload(model_id: int, store: StoreDep, artifacts: ArtifactsDep) -> FileResponse:
+def download_upload(model_id: IdPath, store: StoreDep, artifacts: ArtifactsDep) -> FileResponse:
     """The uploaded program as it came in (what workers download)."""
     model = store.get_model(model_id)
     return _file(artifacts.path(model.sha256), f"{model.name}.pt2", model.sha256)
@@ -151,8 +192,9 @@ def download_upload(model_id: int, store: StoreDep, artifacts: ArtifactsDep) -> 
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
     dependencies=[Writer],
+    responses=errors(400, 401, 404, 422),
 )
-def create_job(model_id: int, body: JobCreate, store: StoreDep) -> JobOut:
+def create_job(model_id: IdPath, body: JobCreate, store: StoreDep) -> JobOut:
     """Queue tuning for a device; an unfinished job for the same device is returned instead."""
     job, _ = store.enqueue_job(model_id, body.device, body.budget_s)
     return JobOut.of(job)
@@ -161,17 +203,28 @@ def create_job(model_id: int, body: JobCreate, store: StoreDep) -> JobOut:
 @router.get(
     "/models/{model_id}/config",
     dependencies=[Reader],
-    responses={200: {"description": "The tuned config (JSON), with an ETag"}, 304: {}},
+    responses={
+        200: {"description": "The tuned config (JSON), with an ETag"},
+        304: {"description": "Unchanged since the ETag in If-None-Match"},
+        **errors(401, 404, 422),
+    },
 )
-def get_config(
-    model_id: int,
+async def get_config(
+    model_id: IdPath,
     request: Request,
     store: StoreDep,
+    cache: ConfigCacheDep,
     device: DeviceQuery = "cpu",
     hardware: HardwareQuery = None,
 ) -> Response:
     """The tuned config; send If-None-Match with the last ETag to get a cheap 304."""
-    return config_response(request, _tuned(store, model_id, device, hardware))
+    return await serve_config(
+        request,
+        cache,
+        ("model", model_id, device),
+        hardware,
+        lambda: _tuned(store, model_id, device, hardware),
+    )
 
 
 def _tuned(
@@ -185,10 +238,10 @@ def _tuned(
     "/models/{model_id}/artifact",
     response_class=FileResponse,
     dependencies=[Reader],
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **errors(401, 404, 422)},
 )
 def get_artifact(
-    model_id: int,
+    model_id: IdPath,
     store: StoreDep,
     artifacts: ArtifactsDep,
     device: DeviceQuery = "cpu",
@@ -207,9 +260,9 @@ def get_artifact(
     )
 
 
-@router.get("/models/{model_id}/report", dependencies=[Reader])
+@router.get("/models/{model_id}/report", dependencies=[Reader], responses=errors(401, 404, 422))
 def get_report(
-    model_id: int,
+    model_id: IdPath,
     store: StoreDep,
     artifacts: ArtifactsDep,
     device: DeviceQuery = "cpu",
@@ -240,9 +293,14 @@ def get_report(
     return JSONResponse(report)
 
 
-@router.get("/models/{model_id}/trace", response_class=FileResponse, dependencies=[Reader])
+@router.get(
+    "/models/{model_id}/trace",
+    response_class=FileResponse,
+    dependencies=[Reader],
+    responses={200: {"content": {"application/json": {}}}, **errors(401, 404, 422)},
+)
 def get_trace(
-    model_id: int,
+    model_id: IdPath,
     store: StoreDep,
     artifacts: ArtifactsDep,
     kind: Annotated[Literal["baseline", "tuned"], Query()],

@@ -1,0 +1,44 @@
+"""Uploaded and tuned programs are untrusted bytes: they are opened only through the tuner's
+safe loader (`tuner.load.load_program`), never with plain `torch.export.load`."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+
+from tuner.fingerprint import model_fingerprint
+from tuner.load import check_archive, load_program
+
+# The safe loader swaps torch's unpickler while it runs; one load at a time keeps two threads
+# from restoring each other's swap.
+_LOADING = threading.Lock()
+
+
+class UnloadableProgram(ValueError):
+    """The archive is not a program the safe loader accepts (the message says why)."""
+
+
+def _load(path: Path, what: str) -> object:
+    try:
+        check_archive(path)
+        # torch.export only takes an archive by a name ending in .pt2; spools end in .part.
+        with tempfile.TemporaryDirectory(prefix="fxtune-load-") as tmp, _LOADING:
+            named = Path(tmp) / "program.pt2"
+            named.symlink_to(path.resolve())
+            return load_program(named)
+    except Exception as exc:  # untrusted bytes: any failure is the file's fault, not ours
+        raise UnloadableProgram(f"{what} cannot be loaded safely: {exc}") from None
+
+
+def fingerprint_of(path: Path, what: str = "the uploaded program") -> str:
+    """`model_fingerprint` of a stored or uploaded `.pt2` (slow: call it in a thread)."""
+    program = _load(path, what)
+    try:
+        return model_fingerprint(program)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise UnloadableProgram(f"{what} cannot be traced: {exc}") from None
+
+
+def check_loadable(path: Path, what: str = "the tuned program") -> None:
+    _load(path, what)
