@@ -3,16 +3,11 @@ safe loader (`tuner.load.load_program`), never with plain `torch.export.load`.""
 
 from __future__ import annotations
 
-import tempfile
-import threading
 from pathlib import Path
 
+from tuner.errors import LoaderUnavailableError
 from tuner.fingerprint import model_fingerprint
-from tuner.load import check_archive, load_program
-
-# The safe loader swaps torch's unpickler while it runs; one load at a time keeps two threads
-# from restoring each other's swap.
-_LOADING = threading.Lock()
+from tuner.load import load_program
 
 
 class UnloadableProgram(ValueError):
@@ -21,12 +16,9 @@ class UnloadableProgram(ValueError):
 
 def _load(path: Path, what: str) -> object:
     try:
-        check_archive(path)
-        # torch.export only takes an archive by a name ending in .pt2; spools end in .part.
-        with tempfile.TemporaryDirectory(prefix="fxtune-load-") as tmp, _LOADING:
-            named = Path(tmp) / "program.pt2"
-            named.symlink_to(path.resolve())
-            return load_program(named)
+        return load_program(path)
+    except LoaderUnavailableError:
+        raise  # this server's torch, not the file, is at fault
     except Exception as exc:  # untrusted bytes: any failure is the file's fault, not ours
         raise UnloadableProgram(f"{what} cannot be loaded safely: {exc}") from None
 

@@ -39,7 +39,7 @@ def plant(app: Any, path: Path) -> int:
     spool.write(path.read_bytes())
     spool.close()
     artifacts.put(spool)
-    model, _ = store.add_model(spool.sha256, path.name, path.stat().st_size)
+    model, _ = store.add_model(spool.sha256, path.name, path.stat().st_size, fingerprint="0" * 32)
     job, _ = store.enqueue_job(model.id, "cpu", 5.0)
     return job.id
 
