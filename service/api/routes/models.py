@@ -38,7 +38,7 @@ from service.api.schemas import (
 )
 from service.programs import UnloadableProgram, fingerprint_of
 from service.store import ConfigSummary, TunedConfig
-from tuner.errors import ArtifactFormatError
+from tuner.errors import ArtifactFormatError, UnsafeArtifactError
 from tuner.load import check_archive
 
 router = APIRouter(tags=["models"])
@@ -128,6 +128,8 @@ async def upload_model(
             await run_in_threadpool(check_archive, spool.path)
         except ArtifactFormatError as exc:
             raise _unsupported(str(exc)) from None
+        except UnsafeArtifactError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         try:
             fingerprint = await run_in_threadpool(fingerprint_of, spool.path)
         except UnloadableProgram as exc:
