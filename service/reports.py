@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.store import Profile, SiteDecision, TuningResult
+from service.store import Profile, TuningResult
 from tuner.config import TunedConfig
 from tuner.hardware import hardware_key
 
@@ -64,24 +64,7 @@ def tuning_result(report: dict[str, Any], digests: dict[str, str]) -> TuningResu
         program_sha256=digests["program"],
         aoti_sha256=digests.get("aoti"),
         report_sha256=digests["report"],
-        sites=tuple(_site(s) for s in config.sites),
         profiles=_profiles(report.get("profiles"), digests),
-    )
-
-
-def _site(s: Any) -> SiteDecision:
-    ci_low, ci_high = s.ci if s.ci else (None, None)
-    verdict = f"{s.verdict}: {s.reason}" if s.reason else s.verdict
-    return SiteDecision(
-        site_id=s.site_id,
-        pass_names=[s.pass_name],
-        baseline_s=s.baseline_s,
-        candidate_s=s.candidate_s,
-        speedup=s.speedup,
-        ci_low=ci_low,
-        ci_high=ci_high,
-        accepted=s.accepted,
-        verdict=verdict,
     )
 
 

@@ -8,7 +8,7 @@ from fastapi import HTTPException, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from service.api.config_cache import CachedConfig, ConfigCache, Scope
-from service.store import TunedConfig
+from service.store import StoredConfig
 
 
 def not_found(detail: str) -> HTTPException:
@@ -37,7 +37,7 @@ async def serve_config(
     cache: ConfigCache,
     scope: Scope,
     hardware: str | None,
-    load: Callable[[], TunedConfig],
+    load: Callable[[], StoredConfig],
 ) -> Response:
     """From the cache when it holds this config; else from the store (in a thread), then cached."""
     entry = cache.get(scope, hardware)

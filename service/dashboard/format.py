@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from service.rows import TIMES
+
 NA = "n/a"
-TIMES = "\u00d7"  # the multiplication sign, as in "2.50x" (ruff flags it literally)
 
 
 def _three_digits(x: float) -> str:

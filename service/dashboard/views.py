@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from service.dashboard import format as fmt
-from service.dashboard.tables import (
+from service.rows import (
     MAX_MODELS,
     Row,
     candidate_rows,
@@ -19,7 +19,7 @@ from service.dashboard.tables import (
     model_rows,
     site_rows,
 )
-from service.store import AbstractStore, ConfigSummary, Job, Model, NotFound, TunedConfig
+from service.store import AbstractStore, ConfigSummary, Job, Model, NotFound, StoredConfig
 
 API = "/api/v1"
 RECENT_JOBS = 20
@@ -209,7 +209,7 @@ def _query(summary: ConfigSummary, **extra: str) -> str:
     return urlencode({"device": summary.device, "hardware": summary.hardware_key, **extra})
 
 
-def downloads(tuned: TunedConfig) -> list[Link]:
+def downloads(tuned: StoredConfig) -> list[Link]:
     s = tuned.summary
     base = f"{API}/models/{s.model_id}"
     links = [

@@ -134,32 +134,9 @@ class TunedConfigRow(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     model: Mapped[ModelRow] = relationship(back_populates="configs")
-    sites: Mapped[list[SiteDecisionRow]] = relationship(
-        cascade="all, delete-orphan", order_by="SiteDecisionRow.id"
-    )
     profiles: Mapped[list[ProfileRow]] = relationship(
         cascade="all, delete-orphan", order_by="ProfileRow.kind"
     )
-
-
-class SiteDecisionRow(Base):
-    """One site's verdict, kept as rows so the dashboard can query across models."""
-
-    __tablename__ = "site_decisions"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    config_id: Mapped[int] = mapped_column(
-        ForeignKey("tuned_configs.id", ondelete="CASCADE"), index=True
-    )
-    site_id: Mapped[str] = mapped_column(String(128), index=True)
-    pass_names: Mapped[list[Any]]
-    baseline_s: Mapped[float | None] = mapped_column(Float)
-    candidate_s: Mapped[float | None] = mapped_column(Float)
-    speedup: Mapped[float | None] = mapped_column(Float)
-    ci_low: Mapped[float | None] = mapped_column(Float)
-    ci_high: Mapped[float | None] = mapped_column(Float)
-    accepted: Mapped[bool]
-    verdict: Mapped[str | None] = mapped_column(String(500))
 
 
 class ProfileRow(Base):

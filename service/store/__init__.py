@@ -8,8 +8,7 @@ from service.store.entities import (
     Model,
     Profile,
     QueuePolicy,
-    SiteDecision,
-    TunedConfig,
+    StoredConfig,
     TuningResult,
 )
 from service.store.errors import NotFound, StaleLease, StoreError
@@ -23,9 +22,8 @@ __all__ = [
     "NotFound",
     "Profile",
     "QueuePolicy",
-    "SiteDecision",
     "StaleLease",
     "StoreError",
-    "TunedConfig",
+    "StoredConfig",
     "TuningResult",
 ]

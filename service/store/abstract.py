@@ -12,7 +12,7 @@ from service.store.entities import (
     Job,
     Model,
     QueuePolicy,
-    TunedConfig,
+    StoredConfig,
     TuningResult,
 )
 
@@ -77,7 +77,7 @@ class AbstractStore(ABC):
     @abstractmethod
     def complete_job(
         self, job_id: int, lease_token: str, result: TuningResult, now: datetime | None = None
-    ) -> tuple[Job, TunedConfig]: ...
+    ) -> tuple[Job, StoredConfig]: ...
 
     @abstractmethod
     def fail_job(
@@ -97,13 +97,13 @@ class AbstractStore(ABC):
     @abstractmethod
     def get_config(
         self, model_id: int, device: str, hardware_key: str | None = None, details: bool = False
-    ) -> TunedConfig:
+    ) -> StoredConfig:
         """The newest config for the target; `details` adds site decisions and profiles."""
 
     @abstractmethod
     def get_config_by_fingerprint(
         self, fingerprint: str, device: str, hardware_key: str | None = None, details: bool = False
-    ) -> TunedConfig: ...
+    ) -> StoredConfig: ...
 
     @abstractmethod
     def list_configs(self, model_ids: list[int] | None = None) -> list[ConfigSummary]: ...

@@ -49,19 +49,6 @@ class Claim:
 
 
 @dataclass(frozen=True)
-class SiteDecision:
-    site_id: str
-    pass_names: list[str]
-    baseline_s: float | None
-    candidate_s: float | None
-    speedup: float | None
-    ci_low: float | None
-    ci_high: float | None
-    accepted: bool
-    verdict: str | None
-
-
-@dataclass(frozen=True)
 class Profile:
     kind: str
     summary: dict[str, Any]
@@ -84,14 +71,16 @@ class ConfigSummary:
 
 
 @dataclass(frozen=True)
-class TunedConfig:
+class StoredConfig:
+    """A tuned config as stored: its summary row, the config JSON (the one source of every
+    per-site decision) and the stored artifacts. `tuner.config.TunedConfig` is the JSON's schema."""
+
     summary: ConfigSummary
     hardware: dict[str, Any]
     config: dict[str, Any]
     program_sha256: str
     aoti_sha256: str | None
     report_sha256: str
-    sites: tuple[SiteDecision, ...] = ()
     profiles: tuple[Profile, ...] = ()
 
 
@@ -109,7 +98,6 @@ class TuningResult:
     program_sha256: str
     aoti_sha256: str | None
     report_sha256: str
-    sites: tuple[SiteDecision, ...] = ()
     profiles: tuple[Profile, ...] = ()
 
 

@@ -17,7 +17,6 @@ from service.db.models import (
     JobRow,
     ModelRow,
     ProfileRow,
-    SiteDecisionRow,
     TunedConfigRow,
     utcnow,
 )
@@ -29,8 +28,7 @@ from service.store.entities import (
     Model,
     Profile,
     QueuePolicy,
-    SiteDecision,
-    TunedConfig,
+    StoredConfig,
     TuningResult,
 )
 from service.store.errors import NotFound, StaleLease
@@ -204,10 +202,10 @@ class SqlAlchemyStore(AbstractStore):
 
     def complete_job(
         self, job_id: int, lease_token: str, result: TuningResult, now: datetime | None = None
-    ) -> tuple[Job, TunedConfig]:
+    ) -> tuple[Job, StoredConfig]:
         now = now or utcnow()
 
-        def attempt() -> tuple[Job, TunedConfig]:
+        def attempt() -> tuple[Job, StoredConfig]:
             with self._tx(write=True) as s:
                 job = _leased(s, job_id, lease_token)
                 # The model's fingerprint was computed from its upload; a result never changes it.
@@ -250,10 +248,8 @@ class SqlAlchemyStore(AbstractStore):
         row.aoti_sha256 = result.aoti_sha256
         row.report_sha256 = result.report_sha256
         # The old rows must be gone before the new ones go in: (config, kind) is unique.
-        row.sites.clear()
         row.profiles.clear()
         s.flush()
-        row.sites = [_site_row(d) for d in result.sites]
         row.profiles = [
             ProfileRow(kind=p.kind, summary=p.summary, trace_sha256=p.trace_sha256)
             for p in result.profiles
@@ -314,7 +310,7 @@ class SqlAlchemyStore(AbstractStore):
 
     def get_config(
         self, model_id: int, device: str, hardware_key: str | None = None, details: bool = False
-    ) -> TunedConfig:
+    ) -> StoredConfig:
         q = select(TunedConfigRow).where(
             TunedConfigRow.model_id == model_id, TunedConfigRow.device == device
         )
@@ -323,7 +319,7 @@ class SqlAlchemyStore(AbstractStore):
 
     def get_config_by_fingerprint(
         self, fingerprint: str, device: str, hardware_key: str | None = None, details: bool = False
-    ) -> TunedConfig:
+    ) -> StoredConfig:
         q = select(TunedConfigRow).where(
             TunedConfigRow.fingerprint == fingerprint, TunedConfigRow.device == device
         )
@@ -332,12 +328,12 @@ class SqlAlchemyStore(AbstractStore):
 
     def _one_config(
         self, q: Any, hardware_key: str | None, details: bool, missing: str
-    ) -> TunedConfig:
+    ) -> StoredConfig:
         if hardware_key is not None:
             q = q.where(TunedConfigRow.hardware_key == hardware_key)
         q = q.order_by(TunedConfigRow.updated_at.desc(), TunedConfigRow.id.desc()).limit(1)
         if details:
-            q = q.options(selectinload(TunedConfigRow.sites), selectinload(TunedConfigRow.profiles))
+            q = q.options(selectinload(TunedConfigRow.profiles))
         with self._tx() as s:
             row = s.scalars(q).first()
             if row is None:
@@ -397,20 +393,6 @@ def _job(r: JobRow) -> Job:
     )
 
 
-def _site_row(d: SiteDecision) -> SiteDecisionRow:
-    return SiteDecisionRow(
-        site_id=d.site_id[:128],
-        pass_names=list(d.pass_names),
-        baseline_s=d.baseline_s,
-        candidate_s=d.candidate_s,
-        speedup=d.speedup,
-        ci_low=d.ci_low,
-        ci_high=d.ci_high,
-        accepted=d.accepted,
-        verdict=d.verdict[:500] if d.verdict else None,
-    )
-
-
 def _summary(r: TunedConfigRow) -> ConfigSummary:
     return ConfigSummary(
         id=r.id,
@@ -427,31 +409,17 @@ def _summary(r: TunedConfigRow) -> ConfigSummary:
     )
 
 
-def _config(r: TunedConfigRow, details: bool = True) -> TunedConfig:
+def _config(r: TunedConfigRow, details: bool = True) -> StoredConfig:
     if not details:
-        return TunedConfig(
+        return StoredConfig(
             _summary(r), r.hardware, r.config, r.program_sha256, r.aoti_sha256, r.report_sha256
         )
-    return TunedConfig(
+    return StoredConfig(
         summary=_summary(r),
         hardware=r.hardware,
         config=r.config,
         program_sha256=r.program_sha256,
         aoti_sha256=r.aoti_sha256,
         report_sha256=r.report_sha256,
-        sites=tuple(
-            SiteDecision(
-                d.site_id,
-                list(d.pass_names),
-                d.baseline_s,
-                d.candidate_s,
-                d.speedup,
-                d.ci_low,
-                d.ci_high,
-                d.accepted,
-                d.verdict,
-            )
-            for d in r.sites
-        ),
         profiles=tuple(Profile(p.kind, p.summary, p.trace_sha256) for p in r.profiles),
     )

@@ -55,3 +55,20 @@ def test_refuses_a_database_from_a_newer_fxtune(tmp_path) -> None:
             upgrade_to_head(engine)
     finally:
         engine.dispose()
+
+
+def test_upgrading_drops_the_duplicate_site_table_and_keeps_configs(tmp_path) -> None:
+    """0002 removes site_decisions (a lossy copy of the config JSON) and nothing else."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        cfg = alembic_config()
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0001")
+        assert "site_decisions" in inspect(engine).get_table_names()
+        assert upgrade_to_head(engine) == head_revision()
+        tables = set(inspect(engine).get_table_names())
+        assert "site_decisions" not in tables
+        assert {"models", "jobs", "tuned_configs", "profiles"} <= tables
+    finally:
+        engine.dispose()

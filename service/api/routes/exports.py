@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Response
 from service.api.deps import Reader, StoreDep
 from service.api.errors import errors
 from service.api.schemas import Device, IdPath
-from service.dashboard.tables import Row, model_rows, site_rows
+from service.rows import Row, model_rows, site_rows
 
 router = APIRouter(tags=["exports"])
 

@@ -37,7 +37,7 @@ from service.api.schemas import (
     UploadOptions,
 )
 from service.programs import UnloadableProgram, fingerprint_of
-from service.store import ConfigSummary, TunedConfig
+from service.store import ConfigSummary, StoredConfig
 from tuner.errors import ArtifactFormatError, UnsafeArtifactError
 from tuner.load import check_archive
 
@@ -231,7 +231,7 @@ async def get_config(
 
 def _tuned(
     store: StoreDep, model_id: int, device: str, hardware: str | None, details: bool = False
-) -> TunedConfig:
+) -> StoredConfig:
     store.get_model(model_id)  # an unknown model is its own 404, not "no config yet"
     return store.get_config(model_id, device, hardware, details)
 
