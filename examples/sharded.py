@@ -161,13 +161,9 @@ def export_rank(cfg: ShardedConfig, rank: int, seed: int = 1) -> torch.export.Ex
     return torch.export.export(module, inputs, strict=False)
 
 
-def rank_path(pattern: str | Path, rank: int) -> Path:
-    """`model_rank{rank}.pt2` style paths: one program per rank (each holds different tables)."""
-    text = str(pattern)
-    return Path(text.format(rank=rank) if "{rank}" in text else f"{text}.rank{rank}")
-
-
 def _export_and_save(rank: int, world_size: int, cfg: ShardedConfig, pattern: str) -> str:
+    from tuner.distributed_tune import rank_path
+
     path = rank_path(pattern, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(export_rank(cfg, rank), path)
