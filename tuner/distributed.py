@@ -17,6 +17,7 @@ ranks behind. So:
 from __future__ import annotations
 
 import ctypes
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -37,6 +38,7 @@ from tuner.errors import FxtuneError
 
 _PR_SET_PDEATHSIG = 1
 _GRACE_S = 3.0
+_SETTLE_S = 1.0
 
 
 class RankFailedError(FxtuneError):
@@ -163,37 +165,57 @@ def run_ranks(
             pipes[receive] = rank
         deadline = time.monotonic() + job_timeout_s
         sentinels = {p.sentinel: r for r, p in enumerate(processes)}
-        while len(results) < world_size:
-            left = deadline - time.monotonic()
+        failures: dict[int, str] = {}
+        settle_until = math.inf
+        while len(results) < world_size and time.monotonic() < settle_until:
+            left = min(deadline, settle_until) - time.monotonic()
             if left <= 0:
-                raise RankFailedError(
-                    f"job deadline ({job_timeout_s:.0f} s) passed; ranks without a result: "
-                    f"{sorted(set(range(world_size)) - set(results))}"
-                )
+                break
             for ready in wait([*pipes, *sentinels], timeout=left):
                 if ready in pipes:
                     rank = pipes.pop(ready)
                     try:
                         status, payload = pickle.loads(ready.recv_bytes())
                     except EOFError:
-                        status, payload = "error", "exited without a result"
-                    if status != "ok":
-                        raise RankFailedError(f"rank {rank} failed: {payload}")
-                    results[rank] = payload
+                        processes[rank].join(_GRACE_S)
+                        status, payload = "died", processes[rank].exitcode
+                    if status == "ok":
+                        results[rank] = payload
+                    else:
+                        failures[rank] = _describe(rank, status, payload)
                 else:
                     rank = sentinels.pop(ready)
-                    proc = processes[rank]
-                    proc.join()
-                    if rank not in results and not _result_pending(pipes, rank):
-                        raise RankFailedError(
-                            f"rank {rank} died (exit code {proc.exitcode}) without a result"
-                        )
+                    processes[rank].join()
+                    if (
+                        rank not in results
+                        and rank not in failures
+                        and not _result_pending(pipes, rank)
+                    ):
+                        failures[rank] = _describe(rank, "died", processes[rank].exitcode)
+            if failures and settle_until == math.inf:
+                # Peers of a dead rank fail too, a moment later or sooner; wait briefly so the
+                # report names the rank that died, not only the ones that lost it.
+                settle_until = time.monotonic() + _SETTLE_S
+        if failures:
+            ordered = sorted(failures.items(), key=lambda kv: ("died" not in kv[1], kv[0]))
+            raise RankFailedError("; ".join(why for _, why in ordered))
+        if len(results) < world_size:
+            raise RankFailedError(
+                f"job deadline ({job_timeout_s:.0f} s) passed; ranks without a result: "
+                f"{sorted(set(range(world_size)) - set(results))}"
+            )
     finally:
         _stop(processes)
         for conn in pipes:
             conn.close()
         del store
     return [results[r] for r in range(world_size)]
+
+
+def _describe(rank: int, status: str, payload: Any) -> str:
+    if status == "died":
+        return f"rank {rank} died (exit code {payload}) without a result"
+    return f"rank {rank} failed: {payload}"
 
 
 def _result_pending(pipes: dict[Connection, int], rank: int) -> bool:
