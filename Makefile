@@ -32,6 +32,7 @@ serve: venv
 bench: venv
 	$(PY) -m bench.passes_report
 	$(PY) -m bench.run
+	$(PY) -m bench.overlap
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
