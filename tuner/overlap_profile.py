@@ -11,7 +11,10 @@ Three figures are measured on every rank in lockstep (`tuner.lockstep`), nothing
 
 Hidden communication is then reported two ways that should roughly agree: the step-time saving
 (sequential - overlapped) and the blocked-time saving (blocked sequential - blocked
-overlapped), each also as a share of comm alone. Compute is step time minus blocked time.
+overlapped), each also as a share of comm alone, and the step-time saving as a share of the
+communication the sequential step exposes (blocked time: the transfer plus waiting for a slower
+peer, which overlapping hides too, so a share of comm alone can exceed 100 %). Compute is step
+time minus blocked time.
 torch.profiler was not used: it adds per-op overhead of the same order as the small CPU ops
 here, and it records the collective's CPU-side calls, which is what the clock wrappers measure
 anyway at one function call of cost.
@@ -124,6 +127,11 @@ def breakdown(
         "hidden_by_step_time_share": share(hidden_step),
         "hidden_by_blocked_time_us": round(hidden_blocked * us, 1),
         "hidden_by_blocked_time_share": share(hidden_blocked),
+        # Comm as the sequential step really exposes it: transfer plus waiting for the slower
+        # peer (load skew), which overlap also hides; so hidden / comm alone can exceed 1.
+        "hidden_by_step_time_share_of_exposed": (
+            round(hidden_step / blocked_sequential_s, 4) if blocked_sequential_s > 0 else None
+        ),
     }
 
 
