@@ -44,10 +44,15 @@ def _all_max(values: Sequence[float]) -> list[float]:
 
 
 def _sample(fn: Callable[[], Any], inner: int) -> float:
+    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
     dist.barrier()
+    if cuda:
+        torch.cuda.synchronize()
     started = time.perf_counter_ns()
     for _ in range(inner):
         fn()
+    if cuda:  # NCCL ranks: kernels and collectives finish on the GPU, not when the call returns
+        torch.cuda.synchronize()
     return (time.perf_counter_ns() - started) / 1e9 / inner
 
 

@@ -34,7 +34,7 @@ from torch import fx
 from tuner.passes.overlap_comm_compute import STARTS, WAIT
 
 _c10d = torch.ops._c10d_functional
-_RECORD: dict[str, float] = {"blocked_s": 0.0}
+_RECORD: dict[str, float] = {"request_s": 0.0, "wait_s": 0.0}
 
 
 def timed_all_to_all_single(
@@ -43,7 +43,7 @@ def timed_all_to_all_single(
     """`all_to_all_single` with the time spent issuing it added to the step's blocked time."""
     started = time.perf_counter_ns()
     out = _c10d.all_to_all_single(x, output_split_sizes, input_split_sizes, group_name)
-    _RECORD["blocked_s"] += (time.perf_counter_ns() - started) / 1e9
+    _RECORD["request_s"] += (time.perf_counter_ns() - started) / 1e9
     return out
 
 
@@ -51,7 +51,7 @@ def timed_wait_tensor(x: torch.Tensor) -> torch.Tensor:
     """`wait_tensor` with the time spent waiting added to the step's blocked time."""
     started = time.perf_counter_ns()
     out = _c10d.wait_tensor(x)
-    _RECORD["blocked_s"] += (time.perf_counter_ns() - started) / 1e9
+    _RECORD["wait_s"] += (time.perf_counter_ns() - started) / 1e9
     return out
 
 
@@ -69,27 +69,33 @@ def instrumented(gm: fx.GraphModule) -> fx.GraphModule:
     return copied
 
 
-def blocked_per_step(step: Callable[[], Any], steps: int) -> list[float]:
-    """Seconds spent inside collective calls, per step (collective: run on every rank)."""
+def blocked_per_step(step: Callable[[], Any], steps: int) -> tuple[list[float], list[float]]:
+    """Seconds inside the requests and inside the waits, per step (collective: every rank).
+
+    The request's own time tells whether the backend runs the collective asynchronously: if
+    issuing it took as long as the whole exchange, nothing could be hidden behind compute.
+    On CUDA these are host-side times (a wait only orders streams); use step times there.
+    """
     import torch.distributed as dist
 
-    out = []
+    requests, waits = [], []
     with torch.inference_mode():
         for _ in range(steps):
             dist.barrier()
-            _RECORD["blocked_s"] = 0.0
+            _RECORD["request_s"] = _RECORD["wait_s"] = 0.0
             step()
-            out.append(_RECORD["blocked_s"])
-    return out
+            requests.append(_RECORD["request_s"])
+            waits.append(_RECORD["wait_s"])
+    return requests, waits
 
 
-def comm_alone(gm: fx.GraphModule) -> Callable[[], Any] | None:
+def comm_alone(gm: fx.GraphModule, device: str = "cpu") -> Callable[[], Any] | None:
     """The program's all-to-alls on zero tensors of their recorded shapes, one after another."""
     calls = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in STARTS:
             fake = node.args[0].meta["val"]
-            x = torch.zeros(fake.shape, dtype=fake.dtype, device=fake.device)
+            x = torch.zeros(fake.shape, dtype=fake.dtype, device=device)
             calls.append((x, *node.args[1:]))
     if not calls:
         return None
@@ -107,6 +113,7 @@ def breakdown(
     comm_alone_s: float,
     blocked_sequential_s: float,
     blocked_overlapped_s: float,
+    request_sequential_s: float = float("nan"),
 ) -> dict[str, Any]:
     """Figure 5 in numbers (microseconds and shares); inputs are medians in seconds."""
     us = 1e6
@@ -122,6 +129,7 @@ def breakdown(
         "comm_alone_us": round(comm_alone_s * us, 1),
         "compute_us": round((sequential_s - blocked_sequential_s) * us, 1),
         "blocked_sequential_us": round(blocked_sequential_s * us, 1),
+        "request_sequential_us": round(request_sequential_s * us, 1),
         "blocked_overlapped_us": round(blocked_overlapped_s * us, 1),
         "hidden_by_step_time_us": round(hidden_step * us, 1),
         "hidden_by_step_time_share": share(hidden_step),

@@ -19,7 +19,10 @@ from tuner.distributed import RankFailedError, run_ranks
 from tuner.distributed_tune import DistributedTuneOptions, rank_path, tune_distributed, tune_rank
 from tuner.load import load_program
 
-FIGURES = ("sequential_step_us", "overlapped_step_us", "comm_alone_us", "compute_us")
+# Measured directly, so positive; compute (step minus blocked time, from different runs) and the
+# hidden figures are differences and may come out negative on a busy machine: only finite.
+MEASURED = ("sequential_step_us", "overlapped_step_us", "comm_alone_us", "blocked_sequential_us")
+DERIVED = ("compute_us", "hidden_by_step_time_us", "hidden_by_blocked_time_us")
 
 
 def wait_after_dense_arm(path: Path) -> bool:
@@ -40,7 +43,8 @@ def check_report(report: dict[str, Any], world_size: int) -> None:
     profile = report["overlap_profile"]
     assert len(profile["per_rank"]) == world_size
     for figures in [profile["slowest_rank"], *profile["per_rank"]]:
-        assert all(math.isfinite(figures[k]) and figures[k] > 0 for k in FIGURES)
+        assert all(math.isfinite(figures[k]) and figures[k] > 0 for k in MEASURED)
+        assert all(math.isfinite(figures[k]) for k in DERIVED)
         assert figures["hidden_by_step_time_us"] == pytest.approx(
             figures["sequential_step_us"] - figures["overlapped_step_us"], abs=0.2
         )
