@@ -35,6 +35,8 @@ serve: venv
 bench: venv
 	$(PY) -m bench.passes_report
 	$(PY) -m bench.run
+	$(PY) -m bench.overlap
+	$(PY) -m bench.gloo_async
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

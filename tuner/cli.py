@@ -132,8 +132,21 @@ def tune_cmd(
     progress_json: Annotated[
         bool, typer.Option("--progress-json", help="Progress as JSON lines on stdout")
     ] = False,
+    world_size: Annotated[
+        int,
+        typer.Option(
+            "--world-size",
+            min=1,
+            help="Ranks to spawn (>1: MODEL and --out hold {rank}, one program per rank)",
+        ),
+    ] = 1,
 ) -> None:
     """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
+    if world_size > 1:
+        from tuner.distributed_cli import tune_distributed_cmd
+
+        tune_distributed_cmd(model, out, report, world_size, budget_s, threads, console)
+        return
     from tuner.load import load_program
     from tuner.outputs import write_outputs
     from tuner.tune import TuneOptions, tune_program

@@ -14,7 +14,9 @@ from typing import Any
 
 from tuner.errors import UnsafeArtifactError
 
-ALLOWED_NAMESPACES = ("torch.ops.aten.", "torch.ops.prims.")
+# Functional collectives (all_to_all_single, wait_tensor, ...) only move tensors between the ranks
+# of the job's own process group; they touch neither files nor anything outside that group.
+ALLOWED_NAMESPACES = ("torch.ops.aten.", "torch.ops.prims.", "torch.ops._c10d_functional.")
 HOST_EFFECT_OPS = frozenset({"from_file", "save", "_print", "warn", "record_stream"})
 HIGHER_ORDER_OPS = frozenset(
     {
@@ -48,7 +50,10 @@ def refusal(target: str) -> str | None:
         return None if name in HIGHER_ORDER_OPS else "an unknown higher-order op"
     if target.startswith(SYMBOLIC_PREFIXES) and target.count(".") <= 1:
         return None
-    return "a custom or unknown operator (only ATen, prims and control flow are accepted)"
+    return (
+        "a custom or unknown operator (only ATen, prims, functional collectives and control flow "
+        "are accepted)"
+    )
 
 
 def _targets(obj: Any, depth: int = 0) -> Iterator[str]:

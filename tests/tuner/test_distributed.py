@@ -1,0 +1,79 @@
+"""The rank launcher: results from every rank, and no hang and no orphan when a rank dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.sharded_helpers import alive, hang_in_collective, recorded_pids
+from tuner.distributed import RankFailedError, run_ranks
+
+
+def gather_ranks(rank: int, world_size: int) -> tuple[int, list[float]]:
+    t = torch.tensor([float(rank)])
+    out = [torch.zeros(1) for _ in range(world_size)]
+    dist.all_gather(out, t)
+    return dist.get_rank(), [float(x) for x in out]
+
+
+def fail_on_rank_one(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise ValueError("rank one refuses")
+    dist.barrier()  # rank 0 waits on a peer that is gone
+
+
+def test_every_rank_runs_on_a_real_group() -> None:
+    assert run_ranks(gather_ranks, 2, backend="gloo") == [(0, [0.0, 1.0]), (1, [0.0, 1.0])]
+
+
+def test_an_exception_on_one_rank_fails_the_job() -> None:
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match="rank 1 failed: ValueError: rank one refuses"):
+        run_ranks(fail_on_rank_one, 2, backend="gloo", collective_timeout_s=20)
+    assert time.monotonic() - started < 20  # stopped at once, not after the collective timeout
+
+
+def test_a_rank_killed_mid_collective_fails_cleanly_and_leaves_no_rank(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"rank 1 died \(exit code -9\)"):
+        run_ranks(hang_in_collective, 3, str(tmp_path), 1, backend="gloo", collective_timeout_s=20)
+    assert time.monotonic() - started < 40
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 3
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        from tests.sharded_helpers import sleep_forever
+        from tuner.distributed import run_ranks
+        if __name__ == "__main__":
+            run_ranks(sleep_forever, 2, {str(tmp_path)!r}, backend="gloo")
+        """
+    )
+    (tmp_path / "launch.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    launcher = subprocess.Popen([sys.executable, str(tmp_path / "launch.py")], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(recorded_pids(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = recorded_pids(tmp_path)
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)

@@ -1,0 +1,53 @@
+"""`fxtune tune --world-size N`: the distributed job, printed as a table (kept out of cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuner.errors import FxtuneError
+
+
+def tune_distributed_cmd(
+    model: Path,
+    out: Path,
+    report: Path,
+    world_size: int,
+    budget_s: float,
+    threads: int | None,
+    console: Console,
+) -> None:
+    """Spawn the ranks, tune in lockstep, print the decision and figure 5 per rank."""
+    from tuner.distributed_tune import DistributedTuneOptions, tune_distributed
+
+    # Timing budget per comparison: a quarter of the total (the rest: spawn, checks, profile).
+    options = DistributedTuneOptions(
+        world_size=world_size, budget_s=max(2.0, budget_s / 4), threads=threads or 1
+    )
+    try:
+        result = tune_distributed(model, options, out=out, report=report)
+    except FxtuneError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=2) from None
+    for site in result["sites"]:
+        c = site.get("comparison") or {}
+        ci = f"{c['ci_low']:.3f}-{c['ci_high']:.3f}" if c else "-"
+        speed = f"{c['speedup']:.3f}x" if c else "-"
+        console.print(f"{site['summary']}: {speed} ({ci}) {site['verdict']}")
+    profile = result["overlap_profile"]
+    if "per_rank" in profile:
+        table = Table("rank", "sequential us", "overlapped us", "comm alone us", "compute us",
+                      "hidden us (step)", "hidden share", "hidden us (blocked)")  # fmt: skip
+        rows = [("slowest", profile["slowest_rank"]), *enumerate(profile["per_rank"])]
+        for rank, f in rows:
+            share = f["hidden_by_step_time_share"]
+            table.add_row(
+                str(rank), str(f["sequential_step_us"]), str(f["overlapped_step_us"]),
+                str(f["comm_alone_us"]), str(f["compute_us"]), str(f["hidden_by_step_time_us"]),
+                "-" if share is None else f"{share:.1%}", str(f["hidden_by_blocked_time_us"]),
+            )  # fmt: skip
+        console.print(table)
+    console.print(f"accepted: {result['accepted']}; wrote {result['tuned_programs']} and {report}")
