@@ -19,7 +19,7 @@ from torch import fx
 from tuner.apply import apply_steps, cleanup
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, refresh_meta
-from tuner.config import PassStep, SiteDecision
+from tuner.config import PassStep, Refusal, SiteDecision
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
 from tuner.passes import get_pass, pass_names
@@ -49,6 +49,7 @@ class SearchResult:
     decisions: list[SiteDecision] = field(default_factory=list)
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     timed: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +176,10 @@ class SiteSearch:
                 progress(i / len(names), f"searching {name}")
             graph_pass = get_pass(name)
             sites = graph_pass.find_sites(gm)
+            for reason in graph_pass.refusals:
+                refusal = Refusal(pass_name=name, reason=reason)
+                if refusal not in result.refusals:
+                    result.refusals.append(refusal)
             if not sites:
                 continue
             result.every_site.append(PassStep(pass_name=name, sites=sorted({s.id for s in sites})))

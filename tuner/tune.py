@@ -37,6 +37,7 @@ from tuner.hardware import check_device, describe, hardware_key
 from tuner.measure import check_outputs, compare, fresh_inputs, verdict
 from tuner.passes import pass_names
 from tuner.search import Progress, SearchSettings, SiteSearch
+from tuner.shapes import spec_of
 from tuner.sites import Site
 
 
@@ -215,6 +216,7 @@ class Tuner:
 
         say(0.85, "verifying")
         fingerprint = graph_fingerprint(to_graph_module(program))
+        spec = spec_of(gm0)
         config = TunedConfig(
             model_fingerprint=fingerprint,
             hardware=self.hardware,
@@ -228,6 +230,8 @@ class Tuner:
                 inputs=0, max_abs_error=None, max_rel_error=None, passed=False
             ),
             tuning={},
+            shapes=spec.to_dict() if spec is not None else {},
+            refusals=search.refusals,
         )
         replay = apply_config(program, config)
         replay.gm.to(self.device)
