@@ -80,6 +80,7 @@ class TuneOutcome:
     runner: Callable[..., Any]
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     package: Path | None = None  # the AOTInductor package of the chosen module, if inductor
+    points: list[SizePoint] = field(default_factory=list)  # the sizes tuned at, example first
 
 
 def to_device(x: Any, device: str) -> Any:
@@ -313,7 +314,9 @@ class Tuner:
         }
         say(0.9, "tuning done")
         package = chosen.package if config.backend == "inductor" else None
-        return TuneOutcome(config, program, replay, runner, self.samples, package)
+        return TuneOutcome(
+            config, program, replay, runner, self.samples, package, list(self.points)
+        )
 
 
 def _steps_from_sites(sites: list[Site]) -> list[PassStep]:

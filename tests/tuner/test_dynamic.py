@@ -210,6 +210,56 @@ def test_the_tuned_program_serves_every_size(
     _beyond_the_range_like_the_original(module, model)
 
 
+def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]) -> None:
+    """Default sizes: the example, the minimum and a large batch (16x the example, in range);
+    the chosen candidate's figures at each, with intervals; verified at each."""
+    import json
+
+    outcome, out = tuned
+    config = outcome.config
+    assert [p["label"] for p in config.tuning["sizes"]] == ["batch=32", "batch=2", "batch=512"]
+    assert config.verification.inputs == 3 + 2
+    report = json.loads((out / "report.json").read_text())
+    whole = report["config"]["whole_model"]
+    if whole["name"] == "original":
+        pytest.skip("nothing was faster on this machine; per-size figures live on candidates")
+    per_size = whole["per_size"]
+    assert [f["label"] for f in per_size] == ["batch=32", "batch=2", "batch=512"]
+    for f in per_size:
+        assert f["verdict"] in ("faster", "within noise")
+        low, high = f["ci"]
+        assert low <= f["speedup"] <= high
+    for d in config.sites:
+        assert [f.label for f in d.per_size][:1] == ["batch=32"]
+
+
+def test_cli_tunes_at_the_sizes_asked_and_skips_those_out_of_range(
+    mlp: tuple[nn.Module, Any], tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from fxtune_cli import app
+
+    _, program = mlp
+    path = save_program(program, tmp_path / "model.pt2")
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune", str(path), "--device", "cpu", "--out", str(tmp_path / "tuned.pt2"),
+            "--report", str(tmp_path / "report.json"), "--budget-s", "20", "--backend", "eager",
+            "--no-profile", "--cache", str(tmp_path / "cache.json"), "--sizes", "batch=1,8,256",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "report.json").read_text())["config"]
+    assert [p["label"] for p in config["tuning"]["sizes"]] == ["batch=32", "batch=8", "batch=256"]
+    assert config["tuning"]["sizes_skipped"] == [
+        "batch=1: outside the program's range (batch in [2, 4096])"
+    ]
+
+
 def _load(program: Any, url: str, cache: Path) -> tuple[nn.Module, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
