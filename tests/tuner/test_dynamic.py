@@ -227,8 +227,9 @@ def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]
     assert [f["label"] for f in per_size] == ["batch=32", "batch=2", "batch=512"]
     for f in per_size:
         assert f["verdict"] in ("faster", "within noise")
-        low, high = f["ci"]
-        assert low <= f["speedup"] <= high
+        low, high = f["ci"]  # a bound is None only when too few rounds fitted
+        assert (low is None or low <= f["speedup"]) and (high is None or f["speedup"] <= high)
+        assert low is not None or high is not None
     for d in config.sites:
         assert [f.label for f in d.per_size][:1] == ["batch=32"]
 
