@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from bench import dynamic
 from examples.build import build_all
 from tuner import backends
 from tuner.apply import apply_steps
@@ -133,6 +134,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=None)
     parser.add_argument("--tune-budget-s", type=float, default=120.0)
     parser.add_argument("--budget-s", type=float, default=6.0, help="per timed comparison")
+    parser.add_argument(
+        "--dynamic-batches",
+        type=int,
+        nargs="*",
+        default=list(dynamic.BATCHES),
+        help="batches to time the dynamic-batch model at (none: skip it)",
+    )
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     rows = []
@@ -140,6 +148,13 @@ def main() -> None:
         work = Path(tmp)
         for name, path in build_all(work, args.models).items():
             rows.append(bench_model(name, path, work, args.tune_budget_s, args.budget_s))
+        dynamic_rows = (
+            dynamic.bench_dynamic(
+                work, args.tune_budget_s, ratio, args.budget_s, tuple(args.dynamic_batches)
+            )
+            if args.dynamic_batches
+            else []
+        )
     table = Table("model", *COLUMNS, "backend", "tuning s", "timed")
     for r in rows:
         table.add_row(
@@ -154,8 +169,11 @@ def main() -> None:
             str(r["timed_candidates"]),
         )
     console.print(table)
-    (OUT / "results.json").write_text(json.dumps(rows, indent=2))
-    (OUT / "results.md").write_text(markdown(rows))
+    if dynamic_rows:
+        console.print(dynamic.markdown(dynamic_rows))
+    (OUT / "results.json").write_text(json.dumps(rows + dynamic_rows, indent=2))
+    md = markdown(rows) + ("\n" + dynamic.markdown(dynamic_rows) if dynamic_rows else "")
+    (OUT / "results.md").write_text(md)
     plot(rows, OUT / "bench.png")
     console.print(f"wrote {OUT / 'results.md'} and {OUT / 'bench.png'}")
 

@@ -88,6 +88,31 @@ def candidate_rows(config: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
+def size_rows(config: Mapping[str, Any]) -> list[Row]:
+    """Per size a dynamic program was tuned at: each candidate's figures there (chosen first)."""
+    chosen = config["whole_model"]["name"]
+    candidates = sorted(config.get("candidates", []), key=lambda c: c["name"] != chosen)
+    rows = []
+    for c in candidates:
+        for f in c.get("per_size") or []:
+            low, high = _bounds(f.get("ci"))
+            rows.append(
+                {
+                    "candidate": c["name"],
+                    "size": f["label"],
+                    "baseline_s": f.get("baseline_s"),
+                    "candidate_s": f.get("candidate_s"),
+                    "speedup": f.get("speedup"),
+                    "ci_low": low,
+                    "ci_high": high,
+                    "verdict": f.get("verdict"),
+                    "reason": f.get("reason"),
+                    "chosen": c["name"] == chosen,
+                }
+            )
+    return rows
+
+
 def config_row(model: Model, summary: ConfigSummary, config: Mapping[str, Any]) -> Row:
     """One tuned config (model x device x hardware) as the dashboard's overview shows it."""
     whole = config["whole_model"]

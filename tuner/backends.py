@@ -33,7 +33,9 @@ def _inductor(gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Built:
     (torch.compile would add guard checks per call, which on a model with dozens of inputs
     cost more than the kernels save, and would undervalue what the package delivers.)
     """
-    program = torch.export.export(gm, tuple(inputs), strict=False)
+    from tuner.capture import to_program
+
+    program = to_program(gm, tuple(inputs))  # with the original's dynamic dims, if any
     path = package_aoti(program, workdir / f"{uuid.uuid4().hex}.aoti.pt2")
     return Built(load_aoti(path), path)
 
@@ -88,7 +90,20 @@ def package_aoti(program: ExportedProgram, path: Path) -> Path:
         return Path(aoti_compile_and_package(program, package_path=str(path)))
 
 
+# AOTInductor packages check their inputs (sizes against the static sizes and dynamic ranges
+# they were compiled for, strides, device) only when this is set before their first call; without
+# it, an input of another size is read as if it had the compiled size: a wrong answer, no error.
+CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
+
+
 def load_aoti(path: Path) -> Runner:
+    """Load a package with its input checks on (see CHECK_INPUTS_ENV): never a wrong answer.
+
+    The flag is process-wide and read once per loaded model, so it is set before loading.
+    """
+    import os
+
     from torch._inductor import aoti_load_package
 
+    os.environ[CHECK_INPUTS_ENV] = "1"
     return aoti_load_package(str(path))

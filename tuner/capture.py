@@ -7,17 +7,25 @@ lifts everything back into a program that saves and loads with plain torch.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export import ExportedProgram
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
+
+from tuner.shapes import (
+    SPEC_KEY,
+    check_still_dynamic,
+    dynamic_shapes_for,
+    spec_from_placeholders,
+)
 
 Inputs = tuple[Any, ...]
 
@@ -48,27 +56,97 @@ def example_inputs(program: ExportedProgram) -> Inputs:
 
 
 def to_graph_module(program: ExportedProgram) -> fx.GraphModule:
-    """An editable copy of the program: unlifted, guard check removed, `meta["val"]` everywhere."""
+    """An editable copy of the program: unlifted, guard check removed, `meta["val"]` everywhere.
+
+    The guard check goes because fxtune checks inputs itself (`tuner.shapes.ShapeSpec`), and
+    because a rewritten graph must be re-exported anyway. The placeholders keep the program's
+    symbolic sizes, so every node's metadata (and every pass) sees `s0`, not the example's 32;
+    the shapes the program serves ride along as `gm.meta[SPEC_KEY]`.
+    """
     gm = program.module()
+    inputs = example_inputs(program)
+    gm.meta[SPEC_KEY] = spec_from_placeholders(program, gm, inputs)
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     gm.delete_all_unused_submodules()
     gm.recompile()
-    refresh_meta(gm, example_inputs(program))
+    refresh_meta(gm, inputs)
     return gm
 
 
+class _FakeProp(FakeTensorProp):
+    """FakeTensorProp that reads weights as fakes of the same mode: a real weight meeting a
+    symbolic activation (an affine broadcast to (s0, N, D)) cannot be expanded symbolically."""
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self._mode.from_tensor(value, static_shapes=True)
+        return value
+
+
+def _python_dispatcher() -> contextlib.AbstractContextManager[Any]:
+    """What export traces under: some meta kernels (addcmul, baddbmm) broadcast a symbolic size
+    only through the Python dispatcher. Private in torch; without it, symbolic propagation of
+    those ops fails, and the pass that made them is refused (fail closed)."""
+    try:
+        from torch._dispatch.python import enable_python_dispatcher
+    except ImportError:
+        return contextlib.nullcontext()
+    return enable_python_dispatcher()
+
+
+def _fake_mode_of(gm: fx.GraphModule) -> FakeTensorMode | None:
+    """The fake mode (with its ShapeEnv) the placeholders' symbolic values belong to."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        v = node.meta.get("val")
+        mode = getattr(v, "fake_mode", None)
+        if isinstance(mode, FakeTensorMode):
+            return mode
+    return None
+
+
 def refresh_meta(gm: fx.GraphModule, inputs: Inputs) -> None:
-    """Recompute `meta["val"]` (fake tensors: shape, dtype, strides) on every node."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-    FakeTensorProp(gm, mode).propagate(*fake)
+    """Recompute `meta["val"]` (fake tensors: shape, dtype, strides) on every node.
+
+    Placeholders that already carry a fake value keep it (with its symbolic sizes), so the
+    propagation runs in their ShapeEnv and every node gets symbolic shapes; placeholders a pass
+    added get a fake of the real input. Weights are real tensors read through `get_attr`, hence
+    `allow_non_fake_inputs` for the duration.
+    """
+    mode = _fake_mode_of(gm)
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake: list[Any] = []
+    for node, x in zip(gm.graph.find_nodes(op="placeholder"), inputs, strict=True):
+        v = node.meta.get("val")
+        if isinstance(x, torch.Tensor) and getattr(v, "fake_mode", None) is mode:
+            fake.append(v)
+        elif isinstance(x, torch.Tensor):
+            fake.append(mode.from_tensor(x))
+        else:
+            fake.append(x)
+    allowed = mode.allow_non_fake_inputs
+    mode.allow_non_fake_inputs = True
+    try:
+        with _python_dispatcher():
+            _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
+    finally:
+        mode.allow_non_fake_inputs = allowed
+    check_still_dynamic(gm)
 
 
 def to_program(gm: fx.GraphModule, inputs: Inputs) -> ExportedProgram:
-    """Re-export a rewritten module; the result saves with `torch.export.save`."""
-    return torch.export.export(gm, tuple(inputs), strict=False)
+    """Re-export a rewritten module; the result saves with `torch.export.save`.
+
+    A module captured from a dynamic program is exported with the original's dynamic
+    dimensions and ranges (read from its placeholders), so it serves every size the original
+    served; export itself fails if a rewrite specialised one of them.
+    """
+    return torch.export.export(
+        gm, tuple(inputs), dynamic_shapes=dynamic_shapes_for(gm), strict=False
+    )
 
 
 def set_positional_inputs(gm: fx.GraphModule, names: Sequence[str]) -> None:

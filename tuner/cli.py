@@ -140,15 +140,26 @@ def tune_cmd(
             help="Ranks to spawn (>1: MODEL and --out hold {rank}, one program per rank)",
         ),
     ] = 1,
+    sizes: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Sizes to tune a dynamic dimension at, e.g. batch=1,32,512 (repeatable); "
+            "default: each dynamic dim's minimum, the example and a large value"
+        ),
+    ] = None,
 ) -> None:
     """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
     if world_size > 1:
         from tuner.distributed_cli import tune_distributed_cmd
 
+        if sizes:
+            raise fail(ValueError("--sizes is not supported with --world-size (yet)"))
+
         tune_distributed_cmd(model, out, report, world_size, budget_s, threads, console)
         return
     from tuner.load import load_program
     from tuner.outputs import write_outputs
+    from tuner.sizes import parse_sizes
     from tuner.tune import TuneOptions, tune_program
 
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
@@ -160,6 +171,7 @@ def tune_cmd(
             backends=backend or None,
             cache_path=cache,
             threads=threads,
+            sizes=parse_sizes(sizes) or None,
         )
         with _progress_printer(progress_json) as say:
             outcome = tune_program(program, options, say)
@@ -174,6 +186,13 @@ def tune_cmd(
         table.add_row(fig.name, fig.backend, speed, ci, fig.verdict)
     target = console if not progress_json else err
     target.print(table)
+    if cfg.whole_model.per_size:
+        by_size = Table("size", "speedup", "95% interval", "verdict", title="chosen, per size")
+        for f in cfg.whole_model.per_size:
+            ci = f"{f.ci[0]:.2f}-{f.ci[1]:.2f}" if f.ci and None not in f.ci else "-"
+            speed = f"{f.speedup:.2f}x" if f.speedup else "-"
+            by_size.add_row(f.label, speed, ci, f.verdict)
+        target.print(by_size)
     accepted = sum(1 for s in cfg.sites if s.accepted)
     target.print(
         f"chosen: {cfg.whole_model.name} (backend {cfg.backend}); "

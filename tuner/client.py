@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from tuner.apply import Transformed
-from tuner.config import SCHEMA_VERSION, TunedConfig, apply_config
+from tuner.config import READABLE_VERSIONS, SCHEMA_VERSION, TunedConfig, apply_config
 from tuner.fingerprint import model_fingerprint
+from tuner.shapes import ShapeMismatch, ShapeSpec, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,41 @@ class PackedInputs(nn.Module):
         return self.tuned(*self._transformed.pack(tuple(args)))
 
 
+class CheckedInputs(nn.Module):
+    """Runs the tuned module only on inputs of the shapes its program was built for.
+
+    The tuned module is a replay of the config on an unlifted graph without export's guard
+    check: a static program's views would read other sizes wrongly. Inputs outside the
+    program's shapes (another static size, a dynamic size out of range) run the untuned module
+    instead, with one FxtuneClientWarning per module; the untuned one raises its own error for
+    inputs it cannot serve either.
+    """
+
+    def __init__(self, tuned: nn.Module, spec: ShapeSpec, untuned: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.tuned = tuned
+        self.spec = spec
+        self._make_untuned = untuned
+        self._untuned: nn.Module | None = None
+        self.warned = False
+
+    def forward(self, *args: Any) -> Any:
+        try:
+            self.spec.check(args)
+        except ShapeMismatch as exc:
+            if not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"fxtune: running the model untuned for these inputs: {exc}",
+                    FxtuneClientWarning,
+                    stacklevel=2,
+                )
+            if self._untuned is None:
+                self._untuned = self._make_untuned()
+            return self._untuned(*args)
+        return self.tuned(*args)
+
+
 def device_kind(device: str) -> str:
     """What the service files configs under: "cuda" for "cuda:1"."""
     return device.split(":", 1)[0]
@@ -62,10 +99,10 @@ def checked_config(raw: Any, fingerprint: str) -> TunedConfig:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise ValueError(f"malformed config ({where}: {first['msg']})") from None
-    if config.schema_version != SCHEMA_VERSION:
+    if config.schema_version not in READABLE_VERSIONS:
         raise ValueError(
-            f"config schema version {config.schema_version} is not the one this fxtune reads "
-            f"({SCHEMA_VERSION})"
+            f"config schema version {config.schema_version} is not one this fxtune reads "
+            f"({', '.join(map(str, READABLE_VERSIONS))}; it writes {SCHEMA_VERSION})"
         )
     if config.model_fingerprint != fingerprint:
         raise ValueError(
@@ -265,6 +302,9 @@ def _tuned(
     config = checked_config(raw, fingerprint)
     tuned = apply_config(program, config)
     _check_replayed(config, tuned)
+    spec = spec_of(tuned.gm)
+    if spec is None:
+        raise LookupError("the replayed module lost the program's input shapes")
     tuned.gm.to(device)
     module: nn.Module = PackedInputs(tuned) if tuned.packers else tuned.gm
     notes: list[str] = []
@@ -278,7 +318,7 @@ def _tuned(
                 f"torch.compile failed ({type(exc).__name__}: {exc}); "
                 "running the tuned passes without inductor"
             )
-    return module, notes
+    return CheckedInputs(module, spec, lambda: _untuned(program, program, device)), notes
 
 
 def load_tuned(

@@ -18,7 +18,10 @@ from tuner.apply import Transformed, apply_steps
 from tuner.capture import example_inputs, to_graph_module
 from tuner.measure import Comparison
 
-SCHEMA_VERSION = 1
+# 2 added (all defaulted, so version 1 configs still load): `shapes` (the dynamic dimensions the
+# program serves), `sizes` (per-size figures), `refusals`, and per-size figures on decisions.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 Verdict = Literal[
     "faster", "slower", "within noise", "wrong outputs", "failed to run", "not measured"
@@ -44,6 +47,29 @@ def timing_fields(c: Comparison) -> dict[str, Any]:
     }
 
 
+class Refusal(BaseModel):
+    """A place a pass would have matched but refused, and why (e.g. a dynamic size)."""
+
+    pass_name: str = Field(alias="pass")
+    reason: str
+
+    model_config = {"populate_by_name": True, "frozen": True}
+
+
+class SizeFigures(BaseModel):
+    """One size the program was measured at: its dynamic sizes and the A/B figures there."""
+
+    label: str  # "batch=32"
+    sizes: dict[str, int]
+    baseline_s: float | None = None
+    candidate_s: float | None = None
+    speedup: float | None = None
+    ci: Interval | None = None
+    rounds: int = 0
+    verdict: Verdict = "not measured"
+    reason: str | None = None
+
+
 class PassStep(BaseModel):
     """One pass, and the site ids it rewrites; replayed in order."""
 
@@ -63,6 +89,9 @@ class Measured(BaseModel):
     rounds: int = 0
     verdict: Verdict
     reason: str | None = None
+    # Per size, for programs with dynamic dimensions tuned at several sizes; the fields above
+    # are then the example size's figures and the verdict is the one across every size.
+    per_size: list[SizeFigures] = Field(default_factory=list)
 
 
 class SiteDecision(Measured):
@@ -104,6 +133,10 @@ class TunedConfig(BaseModel):
     whole_model: Figures
     verification: Verification
     tuning: dict[str, Any]
+    # The dynamic dimensions (names, ranges) and per-input dims the tuned program serves
+    # (`tuner.shapes.ShapeSpec.to_dict`); empty dims for a static program.
+    shapes: dict[str, Any] = Field(default_factory=dict)
+    refusals: list[Refusal] = Field(default_factory=list)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

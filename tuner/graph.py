@@ -29,11 +29,42 @@ def tensor_val(node: Any) -> torch.Tensor | None:
     return v if isinstance(v, torch.Tensor) else None
 
 
-def shape(node: fx.Node) -> tuple[int, ...]:
+class SymbolicSize(ValueError):
+    """A pass needed a fixed size where the program has a dynamic one; the site is refused."""
+
+
+def sizes(node: fx.Node) -> tuple[int | torch.SymInt, ...]:
+    """The node's sizes: ints where fixed, SymInts where the program is dynamic."""
     v = tensor_val(node)
     if v is None:
         raise ValueError(f"node {node.name} has no tensor metadata")
-    return tuple(int(s) for s in v.shape)
+    return tuple(s if isinstance(s, torch.SymInt) else int(s) for s in v.shape)
+
+
+def is_symbolic(size: Any) -> bool:
+    """A dynamic size. (`int()` of one would silently give the example's value.)"""
+    return isinstance(size, torch.SymInt) and not size.node.is_constant()
+
+
+def shape(node: fx.Node) -> tuple[int, ...]:
+    """The node's sizes, all fixed; SymbolicSize when one is dynamic (never the example's)."""
+    out = sizes(node)
+    dynamic = [i for i, s in enumerate(out) if is_symbolic(s)]
+    if dynamic:
+        raise SymbolicSize(f"node {node.name} has dynamic sizes at dims {dynamic}")
+    return tuple(int(s) for s in out)
+
+
+def size_args(graph: fx.Graph, node: fx.Node) -> list[int | fx.Node]:
+    """Sizes to pass to view/reshape that stay right at every size the program serves.
+
+    Fixed dims are ints; each dynamic dim is read at run time (`aten.sym_size.int`), which
+    export turns back into the program's symbol. Call it where nodes may be inserted.
+    """
+    return [
+        graph.call_function(aten.sym_size.int, (node, d)) if is_symbolic(s) else int(s)
+        for d, s in enumerate(sizes(node))
+    ]
 
 
 def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -206,5 +237,23 @@ def split_pieces(node: Any) -> SplitPieces | None:
     if sorted(users) != list(range(len(pieces))):
         return None
     dim = int(arg(node, 2, "dim", 0)) % source.dim()
-    sizes = tuple(int(p.shape[dim]) for p in pieces)
-    return SplitPieces(node, node.args[0], dim, sizes, tuple(users[i] for i in range(len(pieces))))
+    if any(is_symbolic(p.shape[dim]) for p in pieces):
+        return None  # pieces of dynamic size: see split_refusal
+    widths = tuple(int(p.shape[dim]) for p in pieces)
+    return SplitPieces(node, node.args[0], dim, widths, tuple(users[i] for i in range(len(pieces))))
+
+
+def split_refusal(node: Any) -> str | None:
+    """Why a split's pieces cannot be fused: they have a dynamic size (None otherwise)."""
+    if not is_call(node, *SPLIT_OPS):
+        return None
+    pieces = val(node)
+    if isinstance(pieces, (list, tuple)) and any(
+        isinstance(p, torch.Tensor) and any(is_symbolic(s) for s in p.shape) for p in pieces
+    ):
+        source = tensor_val(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+        if source is not None:
+            dim = int(arg(node, 2, "dim", 0)) % source.dim()
+            if any(is_symbolic(p.shape[dim]) for p in pieces):
+                return f"{node.name} splits a dynamic dimension (piece sizes vary with the input)"
+    return None

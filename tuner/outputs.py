@@ -40,7 +40,11 @@ def write_outputs(
         packaged = backends.load_aoti(aoti)
         original = outcome.original.module().to(device)
         originals = tuple(to_device(x, device) for x in example_inputs(outcome.original))
-        abs_err, _ = output_errors(original, lambda *a: packaged(*replay.pack(a)), [originals])
+        # The package is checked at every size tuned at, not only the example's.
+        trials = [originals] + [
+            tuple(to_device(x, device) for x in p.inputs) for p in outcome.points[1:]
+        ]
+        abs_err, _ = output_errors(original, lambda *a: packaged(*replay.pack(a)), trials)
         artifacts["aoti"] = _rel(aoti, report)
         artifacts["aoti_max_abs_error"] = abs_err
     profiles: dict[str, Any] = {}

@@ -16,15 +16,17 @@ from typing import Any
 
 from torch import fx
 
+from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import apply_steps, cleanup
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, refresh_meta
-from tuner.config import PassStep, SiteDecision
+from tuner.config import PassStep, Refusal, SiteDecision
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
 from tuner.passes import get_pass, pass_names
 from tuner.passes.base import GraphPass
 from tuner.sites import Site
+from tuner.sizes import SizePoint
 
 Progress = Callable[[float, str], None]
 
@@ -38,6 +40,8 @@ class SearchSettings:
     site_budget_s: float = 2.0
     epsilon: float = 0.02
     passes: list[str] | None = None
+    # Further sizes of a dynamic program to measure each site at (the example's comes first).
+    points: list[SizePoint] = field(default_factory=list)
 
 
 @dataclass
@@ -49,6 +53,7 @@ class SearchResult:
     decisions: list[SiteDecision] = field(default_factory=list)
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     timed: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
 
 
 @dataclass
@@ -87,7 +92,9 @@ class SiteSearch:
         self.settings = settings
         self.cache = cache
 
-    def _judge(self, site: Site, count: int, pair: _Pair, result: SearchResult) -> dict:
+    def _judge(
+        self, site: Site, count: int, pair: _Pair, result: SearchResult, label: str = ""
+    ) -> dict:
         """Outputs first (a wrong rewrite is never timed), then interleaved timing."""
         trials = [pair.inputs, *fresh_inputs(pair.inputs, 2)]
         wrong = check_outputs(pair.reference, pair.candidate, trials)
@@ -100,7 +107,7 @@ class SiteSearch:
             budget_s=self.settings.site_budget_s,
         )
         result.timed += 1
-        result.samples[f"{site.pass_name}:{site.id}"] = {
+        result.samples[f"{site.pass_name}:{site.id}" + (f"@{label}" if label else "")] = {
             "baseline_s": c.baseline_s,
             "candidate_s": c.candidate_s,
         }
@@ -138,14 +145,36 @@ class SiteSearch:
         values: dict[str, Any],
         result: SearchResult,
         count: int,
+        extra: list[tuple[SizePoint, Inputs, dict[str, Any]]] | None = None,
     ) -> dict:
         s = self.settings
-        key = DecisionCache.key(s.hardware_key, s.backend, graph_pass.version(), site.id)
+        # Decisions across several sizes are cached under those sizes too.
+        at = "@" + ";".join(p.label for p in s.points) if s.points else ""
+        key = DecisionCache.key(s.hardware_key, s.backend, graph_pass.version(), site.id + at)
         cached = self.cache.get(key)
         if cached is not None:
             return {**cached, "count": count, "summary": site.summary, "cached": True}
         if time.monotonic() > s.deadline:
             return _decision(site, count, "not measured", reason="time budget spent")
+        decision = self._measure(gm, inputs, graph_pass, site, values, result, count, "")
+        if extra:
+            decision = self._across_sizes(decision, gm, graph_pass, site, extra, result, count)
+        if decision["verdict"] != "failed to run":
+            self.cache.put(key, decision)
+        return decision
+
+    def _measure(
+        self,
+        gm: fx.GraphModule,
+        inputs: Inputs,
+        graph_pass: GraphPass,
+        site: Site,
+        values: dict[str, Any],
+        result: SearchResult,
+        count: int,
+        label: str,
+    ) -> dict:
+        """The site's decision at one size (`label` is "" for the example size)."""
         try:
             if graph_pass.changes_inputs:
                 pair: _Pair | None = self._whole_pair(gm, inputs, site)
@@ -153,16 +182,36 @@ class SiteSearch:
                 pair = self._site_pair(gm, graph_pass, site, values)
             if pair is None:
                 reason = "site not found once extracted"
-                decision = _decision(site, count, "failed to run", reason=reason)
-            else:
-                decision = self._judge(site, count, pair, result)
+                return _decision(site, count, "failed to run", reason=reason)
+            return self._judge(site, count, pair, result, label)
         except Exception as exc:
-            decision = _decision(
-                site, count, "failed to run", reason=f"{type(exc).__name__}: {exc}"
-            )
-        if decision["verdict"] != "failed to run":
-            self.cache.put(key, decision)
-        return decision
+            return _decision(site, count, "failed to run", reason=f"{type(exc).__name__}: {exc}")
+
+    def _across_sizes(
+        self,
+        first: dict,
+        gm: fx.GraphModule,
+        graph_pass: GraphPass,
+        site: Site,
+        extra: list[tuple[SizePoint, Inputs, dict[str, Any]]],
+        result: SearchResult,
+        count: int,
+    ) -> dict:
+        """Measure at each further size; accepted only if never worse at any of them."""
+        points = self.settings.points
+        per_size = [size_figures(points[0].label, points[0].sizes, first)]
+        if first["verdict"] not in ("wrong outputs", "failed to run"):
+            for point, inputs, values in extra:
+                d = self._measure(gm, inputs, graph_pass, site, values, result, count, point.label)
+                per_size.append(size_figures(point.label, point.sizes, d))
+        verdict_, reason = combined_verdict(per_size)
+        return {
+            **first,
+            "verdict": verdict_,
+            "accepted": verdict_ == "faster",
+            "reason": reason or first.get("reason"),
+            "per_size": [f.model_dump() for f in per_size],
+        }
 
     def run(
         self, gm: fx.GraphModule, inputs: Inputs, progress: Progress | None = None
@@ -170,11 +219,17 @@ class SiteSearch:
         """Search in place on `gm` (pass a copy to keep the original)."""
         result = SearchResult(gm, tuple(inputs))
         names = self.settings.passes or pass_names()
+        # Inputs of each further size, in the current module's signature.
+        point_inputs = [p.inputs for p in self.settings.points[1:]]
         for i, name in enumerate(names):
             if progress:
                 progress(i / len(names), f"searching {name}")
             graph_pass = get_pass(name)
             sites = graph_pass.find_sites(gm)
+            for reason in graph_pass.refusals:
+                refusal = Refusal(pass_name=name, reason=reason)
+                if refusal not in result.refusals:
+                    result.refusals.append(refusal)
             if not sites:
                 continue
             result.every_site.append(PassStep(pass_name=name, sites=sorted({s.id for s in sites})))
@@ -184,10 +239,14 @@ class SiteSearch:
             needs_values = not graph_pass.changes_inputs
             wanted = {name for s in sites for name in external_inputs(gm, s.nodes)}
             values = record_values(gm, result.inputs, wanted) if needs_values else {}
+            extra = [
+                (point, at, record_values(gm, at, wanted) if needs_values else {})
+                for point, at in zip(self.settings.points[1:], point_inputs, strict=True)
+            ]
             accepted: set[str] = set()
             for site_id, group in by_id.items():
                 d = self._decide(
-                    gm, result.inputs, graph_pass, group[0], values, result, len(group)
+                    gm, result.inputs, graph_pass, group[0], values, result, len(group), extra
                 )
                 result.decisions.append(SiteDecision.model_validate(d))
                 if d["accepted"]:
@@ -195,6 +254,7 @@ class SiteSearch:
             if accepted:
                 applied = apply_steps(gm, result.inputs, [(name, accepted)])
                 result.inputs = applied.inputs
+                point_inputs = [applied.pack(at) for at in point_inputs]
                 result.steps.append(PassStep(pass_name=name, sites=sorted(accepted)))
         if progress:
             progress(1.0, "site search done")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 
@@ -37,35 +38,66 @@ class Site:
         }
 
 
-def _describe_value(v: Any) -> Any:
+# symbol name -> the name to hash it under (the fingerprint's canonical names); None: as is
+Rename = dict[str, str] | None
+
+
+def _describe_size(s: Any, rename: Rename = None) -> Any:
+    """A fixed size as its int; a dynamic one as its expression (`s0`), never its example value
+    (`int()` of a SymInt would also pin the program's ShapeEnv to that value)."""
+    if isinstance(s, torch.SymInt):
+        expr = s.node.expr
+        if expr.is_number:
+            return int(expr)
+        if rename:
+            expr = expr.xreplace(
+                {
+                    sym: sympy.Symbol(rename[str(sym)])
+                    for sym in expr.free_symbols
+                    if str(sym) in rename
+                }
+            )
+        return str(expr)
+    return int(s)
+
+
+def _describe_value(v: Any, rename: Rename = None) -> Any:
     if isinstance(v, torch.Tensor):
-        return ("T", tuple(int(s) for s in v.shape), str(v.dtype))
+        return ("T", tuple(_describe_size(s, rename) for s in v.shape), str(v.dtype))
+    if isinstance(v, torch.SymInt):
+        return ("S", _describe_size(v, rename))
     if isinstance(v, (list, tuple)):
-        return tuple(_describe_value(x) for x in v)
+        return tuple(_describe_value(x, rename) for x in v)
     if isinstance(v, (int, float, bool, str, type(None))):
         return v
     return type(v).__name__
 
 
-def _describe_arg(a: Any, index: dict[fx.Node, int], externals: dict[fx.Node, int]) -> Any:
+def _describe_arg(
+    a: Any, index: dict[fx.Node, int], externals: dict[fx.Node, int], rename: Rename = None
+) -> Any:
     if isinstance(a, fx.Node):
         if a in index:
             return ("n", index[a])
         if a not in externals:
             externals[a] = len(externals)
         kind = "w" if a.op == "get_attr" else "x"
-        return (kind, externals[a], _describe_value(val(a)))
+        return (kind, externals[a], _describe_value(val(a), rename))
     if isinstance(a, (list, tuple)):
-        return tuple(_describe_arg(x, index, externals) for x in a)
+        return tuple(_describe_arg(x, index, externals, rename) for x in a)
     if isinstance(a, dict):
-        return tuple(sorted((k, _describe_arg(v, index, externals)) for k, v in a.items()))
+        return tuple(sorted((k, _describe_arg(v, index, externals, rename)) for k, v in a.items()))
     if isinstance(a, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
         return str(a)
     return a
 
 
-def structural_id(pass_name: str, nodes: Sequence[fx.Node]) -> str:
-    """A short hash of the subgraph formed by `nodes` (taken in graph order)."""
+def structural_id(pass_name: str, nodes: Sequence[fx.Node], rename: Rename = None) -> str:
+    """A short hash of the subgraph formed by `nodes` (taken in graph order).
+
+    Dynamic sizes enter as their symbols; `rename` maps them to names that do not depend on how
+    a torch version numbers its symbols (the fingerprint's), site ids keep them as they are.
+    """
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     ordered = sorted(nodes, key=order.__getitem__)
     index = {n: i for i, n in enumerate(ordered)}
@@ -76,9 +108,9 @@ def structural_id(pass_name: str, nodes: Sequence[fx.Node]) -> str:
             (
                 n.op,
                 str(n.target),
-                _describe_arg(n.args, index, externals),
-                _describe_arg(n.kwargs, index, externals),
-                _describe_value(val(n)),
+                _describe_arg(n.args, index, externals, rename),
+                _describe_arg(n.kwargs, index, externals, rename),
+                _describe_value(val(n), rename),
             )
         )
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]

@@ -20,6 +20,7 @@ from torch import fx
 from torch.export import ExportedProgram
 
 from tuner import backends
+from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import Transformed, apply_steps
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, example_inputs, to_graph_module
@@ -37,7 +38,9 @@ from tuner.hardware import check_device, describe, hardware_key
 from tuner.measure import check_outputs, compare, fresh_inputs, verdict
 from tuner.passes import pass_names
 from tuner.search import Progress, SearchSettings, SiteSearch
+from tuner.shapes import spec_of
 from tuner.sites import Site
+from tuner.sizes import SizePoint, size_points
 
 
 @dataclass
@@ -54,6 +57,9 @@ class TuneOptions:
     threads: int | None = None
     whole_model_budget_s: float = 6.0
     site_budget_s: float = 1.5
+    # Sizes to tune a dynamic program at, per dynamic dim ({"batch": [1, 32, 512]}); None:
+    # each dim's minimum, the example and a large value (tuner.sizes.default_sizes).
+    sizes: dict[str, list[int]] | None = None
 
 
 @dataclass
@@ -74,6 +80,7 @@ class TuneOutcome:
     runner: Callable[..., Any]
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     package: Path | None = None  # the AOTInductor package of the chosen module, if inductor
+    points: list[SizePoint] = field(default_factory=list)  # the sizes tuned at, example first
 
 
 def to_device(x: Any, device: str) -> Any:
@@ -118,6 +125,7 @@ class Tuner:
         self.timed = 0
         self.build_s: dict[str, float] = {}  # seconds the first build+check took, per backend
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="fxtune-"))
+        self.points: list[SizePoint] = []  # the example size first, then further sizes
 
     def _remaining(self, started: float) -> float:
         return self.options.budget_s - (time.monotonic() - started)
@@ -143,6 +151,30 @@ class Tuner:
                 out.append(Candidate(f"{b} + every pass", b, blind_steps, blind))
         return out
 
+    def _judge_at(
+        self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, runner: Any, started: float
+    ) -> tuple[dict[str, Any], Any]:
+        """Check and time a built candidate at one size: (figure fields, comparison or None)."""
+        t = cand.transformed
+        packed = t.pack(inputs)
+        try:
+            wrong = check_outputs(
+                gm0, lambda *a: runner(*t.pack(a)), [inputs, *fresh_inputs(inputs, 2)]
+            )
+        except Exception as exc:
+            return {"verdict": "failed to run", "reason": f"{type(exc).__name__}: {exc}"}, None
+        if wrong is not None:
+            return {"verdict": "wrong outputs", "reason": wrong}, None
+        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 1.0))
+        c = compare(
+            lambda: gm0(*inputs), lambda: runner(*packed), device=self.device, budget_s=budget
+        )
+        self.timed += 1
+        if c.rounds == 0:
+            reason = "no timed round fitted in what was left of the time budget"
+            return {"verdict": "not measured", "reason": reason}, c
+        return {**timing_fields(c), "verdict": verdict(c, self.options.epsilon)}, c
+
     def _judge(
         self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, started: float
     ) -> Figures:
@@ -152,28 +184,29 @@ class Tuner:
         t = cand.transformed
         try:
             built = backends.build(cand.backend, t.gm, t.inputs, self.workdir)
-            runner = cand.runner = built.runner
-            cand.package = built.package
-            wrong = check_outputs(
-                gm0, lambda *a: runner(*t.pack(a)), [inputs, *fresh_inputs(inputs, 2)]
-            )
         except Exception as exc:
             return Figures(**fig, verdict="failed to run", reason=f"{type(exc).__name__}: {exc}")
-        if wrong is not None:
-            return Figures(**fig, verdict="wrong outputs", reason=wrong)
-        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 1.0))
-        c = compare(
-            lambda: gm0(*inputs), lambda: runner(*t.inputs), device=self.device, budget_s=budget
-        )
-        self.timed += 1
-        self.samples[f"model:{cand.name}"] = {
-            "baseline_s": c.baseline_s,
-            "candidate_s": c.candidate_s,
-        }
-        if c.rounds == 0:
-            reason = "no timed round fitted in what was left of the time budget"
-            return Figures(**fig, verdict="not measured", reason=reason)
-        return Figures(**fig, **timing_fields(c), verdict=verdict(c, self.options.epsilon))
+        runner = cand.runner = built.runner
+        cand.package = built.package
+        per_size = []
+        for i, point in enumerate(self.points or [SizePoint("example", {}, inputs)]):
+            at = inputs if i == 0 else point.inputs
+            fields, c = self._judge_at(gm0, at, cand, runner, started)
+            if c is not None:
+                suffix = f"@{point.label}" if i else ""
+                self.samples[f"model:{cand.name}{suffix}"] = {
+                    "baseline_s": c.baseline_s,
+                    "candidate_s": c.candidate_s,
+                }
+            per_size.append(size_figures(point.label, point.sizes, fields))
+            if fields["verdict"] in ("wrong outputs", "failed to run"):
+                break
+        head = per_size[0].model_dump(exclude={"label", "sizes"})
+        if len(self.points) <= 1:
+            return Figures(**fig, **head)
+        verdict_, reason = combined_verdict(per_size)
+        head.update(verdict=verdict_, reason=reason or head.get("reason"))
+        return Figures(**fig, **head, per_size=per_size)
 
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         started = time.monotonic()
@@ -182,6 +215,15 @@ class Tuner:
         gm0 = to_graph_module(program).to(self.device)
         inputs = tuple(to_device(x, self.device) for x in example_inputs(program))
         every = self.options.passes or pass_names()
+        spec = spec_of(gm0)
+        skipped: list[str] = []
+        if spec is not None:
+            say(0.02, "choosing sizes")
+            points, skipped = size_points(spec, inputs, self.options.sizes, lambda a: gm0(*a))
+            self.points = [
+                SizePoint(p.label, p.sizes, tuple(to_device(x, self.device) for x in p.inputs))
+                for p in points
+            ]
         settings = SearchSettings(
             device=self.device,
             hardware_key=hardware_key(self.hardware),
@@ -189,6 +231,7 @@ class Tuner:
             site_budget_s=self.options.site_budget_s,
             epsilon=self.options.epsilon,
             passes=every,
+            points=self.points if len(self.points) > 1 else [],
         )
         search = SiteSearch(settings, self.cache).run(
             copy.deepcopy(gm0), inputs, lambda f, m: say(0.05 + 0.45 * f, m)
@@ -228,11 +271,15 @@ class Tuner:
                 inputs=0, max_abs_error=None, max_rel_error=None, passed=False
             ),
             tuning={},
+            shapes=spec.to_dict() if spec is not None else {},
+            refusals=search.refusals,
         )
         replay = apply_config(program, config)
         replay.gm.to(self.device)
         runner = chosen.runner if chosen.runner is not None else replay.gm
         trials = fresh_inputs(inputs, 3, seed=1234)
+        for point in self.points[1:]:  # and at every further size tuned at
+            trials += fresh_inputs(point.inputs, 1, seed=1234)
         # The replayed config (eager) and the chosen runner must both match the original.
         wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
         if wrong is None:
@@ -262,10 +309,14 @@ class Tuner:
             "cache_hits": self.cache.hits,
             "sites_found": sum(len(s.sites) for s in search.every_site),
             "epsilon": self.options.epsilon,
+            "sizes": [{"label": p.label, "sizes": p.sizes} for p in self.points],
+            "sizes_skipped": skipped,
         }
         say(0.9, "tuning done")
         package = chosen.package if config.backend == "inductor" else None
-        return TuneOutcome(config, program, replay, runner, self.samples, package)
+        return TuneOutcome(
+            config, program, replay, runner, self.samples, package, list(self.points)
+        )
 
 
 def _steps_from_sites(sites: list[Site]) -> list[PassStep]:

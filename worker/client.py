@@ -33,6 +33,7 @@ class Assignment:
     size_bytes: int
     name: str
     artifact_url: str
+    sizes: dict[str, list[int]] | None = None  # sizes to tune dynamic dims at (None: default)
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -75,6 +76,7 @@ class ServiceClient:
             model_id=job["model_id"],
             device=job["device"],
             budget_s=job["budget_s"],
+            sizes=job.get("sizes"),
             lease_token=body["lease_token"],
             lease_s=body["lease_s"],
             sha256=model["sha256"],

@@ -189,6 +189,8 @@ class Worker:
         ]
         if job.budget_s is not None:
             cmd += ["--budget-s", f"{job.budget_s:g}"]
+        for dim, sizes in (job.sizes or {}).items():
+            cmd += ["--sizes", f"{dim}={','.join(str(s) for s in sizes)}"]
         cmd += ["--cache", str(self.settings.worker_decision_cache)]
         if self.settings.worker_tune_threads is not None:
             cmd += ["--threads", str(self.settings.worker_tune_threads)]

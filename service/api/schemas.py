@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from service.store import ConfigSummary, Job, Model
 
@@ -46,12 +46,20 @@ class ConfigSummaryOut(BaseModel):
         )
 
 
+# Dynamic dimension name -> sizes to tune at (tuner.sizes); bounded so a job stays small.
+Sizes = dict[
+    Annotated[str, StringConstraints(min_length=1, max_length=64)],
+    Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=16)],
+]
+
+
 class JobOut(BaseModel):
     id: int
     model_id: int
     device: str
     status: Literal["queued", "running", "succeeded", "failed"]
     budget_s: float | None
+    sizes: dict[str, list[int]] | None = None
     attempts: int
     max_attempts: int
     progress: float
@@ -110,6 +118,11 @@ class JobCreate(BaseModel):
 
     device: Device
     budget_s: float | None = Budget
+    sizes: Sizes | None = Field(
+        default=None,
+        description='Sizes to tune dynamic dimensions at, e.g. {"batch": [1, 32, 512]}; '
+        "default: each dimension's minimum, the example and a large value",
+    )
 
 
 class ClaimIn(BaseModel):

@@ -18,6 +18,7 @@ from service.rows import (
     config_row,
     model_rows,
     site_rows,
+    size_rows,
 )
 from service.store import AbstractStore, ConfigSummary, Job, Model, NotFound, StoredConfig
 
@@ -77,6 +78,7 @@ class ModelPage:
     config: dict[str, Any] = field(default_factory=dict)
     sites: list[Row] = field(default_factory=list)
     candidates: list[Row] = field(default_factory=list)
+    sizes: list[Row] = field(default_factory=list)  # per size, for dynamic programs
     breakdown: Breakdown | None = None
     downloads: list[Link] = field(default_factory=list)
 
@@ -272,6 +274,7 @@ def model_page(
         config=tuned.config,
         sites=site_rows(tuned.config),
         candidates=candidate_rows(tuned.config),
+        sizes=size_rows(tuned.config),
         breakdown=breakdown({p.kind: p.summary for p in tuned.profiles}),
         downloads=downloads(tuned),
     )

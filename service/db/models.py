@@ -90,6 +90,8 @@ class JobRow(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
     device: Mapped[str] = mapped_column(String(16))
     budget_s: Mapped[float | None] = mapped_column(Float)
+    # Sizes to tune dynamic dimensions at ({"batch": [1, 32, 512]}); None: the tuner's default.
+    sizes: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)

@@ -39,7 +39,13 @@ class AbstractStore(ABC):
     def list_models(self, limit: int = 100, offset: int = 0) -> list[Model]: ...
 
     @abstractmethod
-    def enqueue_job(self, model_id: int, device: str, budget_s: float | None) -> tuple[Job, bool]:
+    def enqueue_job(
+        self,
+        model_id: int,
+        device: str,
+        budget_s: float | None,
+        sizes: dict[str, list[int]] | None = None,
+    ) -> tuple[Job, bool]:
         """Queue a tuning job; an unfinished job for the same model and device is reused."""
 
     @abstractmethod

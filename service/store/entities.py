@@ -36,6 +36,7 @@ class Job:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    sizes: dict[str, list[int]] | None = None  # sizes to tune dynamic dims at (None: default)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,13 @@ class SqlAlchemyStore(AbstractStore):
 
     # jobs
 
-    def enqueue_job(self, model_id: int, device: str, budget_s: float | None) -> tuple[Job, bool]:
+    def enqueue_job(
+        self,
+        model_id: int,
+        device: str,
+        budget_s: float | None,
+        sizes: dict[str, list[int]] | None = None,
+    ) -> tuple[Job, bool]:
         with self._tx(write=True) as s:
             # Locking the model row serialises enqueues per model, so "reuse the active job"
             # cannot race into two jobs on PostgreSQL.
@@ -116,6 +122,7 @@ class SqlAlchemyStore(AbstractStore):
                 model_id=model_id,
                 device=device,
                 budget_s=budget_s,
+                sizes=sizes,
                 status="queued",
                 attempts=0,
                 max_attempts=self.policy.max_attempts,
@@ -390,6 +397,7 @@ def _job(r: JobRow) -> Job:
         updated_at=r.updated_at,
         started_at=r.started_at,
         finished_at=r.finished_at,
+        sizes=r.sizes,
     )
 
 

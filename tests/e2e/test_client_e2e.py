@@ -32,6 +32,7 @@ from tests.service.helpers import (
 )
 from tests.tuner.test_client import load_recording
 from tuner.cli import app
+from tuner.client import CheckedInputs
 from tuner.fingerprint import model_fingerprint
 from tuner.load import load_program
 
@@ -63,6 +64,8 @@ def save(module: nn.Module, x: torch.Tensor, path: Path) -> Path:
 
 
 def dropouts_in(module: nn.Module) -> int:
+    if isinstance(module, CheckedInputs):  # load_tuned's input check around the tuned graph
+        module = module.tuned
     assert isinstance(module, torch.fx.GraphModule)
     return sum(1 for n in module.graph.nodes if "dropout" in str(n.target))
 

@@ -85,6 +85,24 @@ def test_upload_with_tune_queues_one_job(client: TestClient, program: Path) -> N
     assert resp.json()["id"] != first["job"]["id"]
 
 
+def test_a_job_may_name_the_sizes_to_tune_at(client: TestClient, program: Path) -> None:
+    """Optional `sizes` (issue 9): stored with the job and handed to the worker that claims it."""
+    model = upload(client, program).json()
+    bad = client.post(
+        f"/api/v1/models/{model['id']}/jobs", json={"device": "cpu", "sizes": {"batch": []}}
+    )
+    assert bad.status_code == 422
+    resp = client.post(
+        f"/api/v1/models/{model['id']}/jobs",
+        json={"device": "cpu", "sizes": {"batch": [1, 32, 512]}},
+    )
+    assert resp.status_code == 202 and resp.json()["sizes"] == {"batch": [1, 32, 512]}
+    claimed = client.post("/api/v1/jobs/claim", json={"worker_id": "w", "device": "cpu"})
+    assert claimed.json()["job"]["sizes"] == {"batch": [1, 32, 512]}
+    plain = upload(client, program, tune="true", device="cuda").json()
+    assert plain["job"]["sizes"] is None
+
+
 def test_a_worker_round_trip_serves_config_artifact_and_report(
     client: TestClient, program: Path, fingerprint: str, tmp_path: Path
 ) -> None:

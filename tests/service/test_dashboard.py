@@ -84,6 +84,18 @@ def rich_config(threads: int = 1, original_kept: bool = False) -> dict[str, Any]
         candidate("inductor", "inductor", 0.9, "slower", [0.85, 0.95]),
         candidate("inductor + tuned passes", "inductor", 1.01, "within noise", [None, 1.1]),
     ]
+    # A dynamic batch tuned at three sizes: the chosen candidate's figures at each.
+    cfg["shapes"] = {"dims": [{"name": "batch", "min": 2, "max": 4096}], "inputs": [["batch", 3]]}
+    cfg["tuning"]["sizes"] = [{"label": f"batch={b}", "sizes": {"batch": b}} for b in (32, 2, 512)]
+    cfg["tuning"]["sizes_skipped"] = ["batch=1: outside the program's range"]
+    cfg["candidates"][0]["per_size"] = [
+        {"label": "batch=32", "sizes": {"batch": 32}, "speedup": 1.8, "ci": [1.7, 1.9],
+         "baseline_s": 2e-4, "candidate_s": 1.1e-4, "rounds": 9, "verdict": "faster"},
+        {"label": "batch=2", "sizes": {"batch": 2}, "speedup": 2.5, "ci": [2.4, 2.6],
+         "baseline_s": 1e-4, "candidate_s": 4e-5, "rounds": 9, "verdict": "faster"},
+        {"label": "batch=512", "sizes": {"batch": 512}, "speedup": 1.01, "ci": [0.99, 1.03],
+         "baseline_s": 2e-3, "candidate_s": 1.98e-3, "rounds": 9, "verdict": "within noise"},
+    ]  # fmt: skip
     cfg["whole_model"] = cfg["candidates"][0]
     if original_kept:
         reason = "no candidate was faster than the original beyond noise; the original stands"
@@ -344,6 +356,19 @@ def test_site_table_is_sorted_by_time_saved_with_the_reports_numbers(
         assert row.attrs["class"] == ("accepted" if s["accepted"] else "rejected")
     assert "the budget ran out" in rows[3].text(8)
     assert rows[0].cells[2].text == "4"  # count
+
+
+def test_model_page_shows_the_sizes_measured_and_speedup_per_size(
+    client: TestClient, ids: dict[str, int]
+) -> None:
+    view = page(client, f"/models/{ids['resnet']}")
+    rows = view.tables["sizes-table"]
+    assert [r.attrs["data-size"] for r in rows] == ["batch=32", "batch=2", "batch=512"]
+    assert [r.cells[4].value for r in rows] == [1.8, 2.5, 1.01]
+    assert all(r.attrs.get("class") == "chosen" for r in rows)
+    assert rows[1].cells[5].text == "[2.40, 2.60]"
+    html = client.get(f"/models/{ids['resnet']}").text
+    assert "batch in [2, 4096]" in html and "batch=1: outside" in html
 
 
 def test_candidates_table_marks_the_chosen_one(client: TestClient, ids: dict[str, int]) -> None:

@@ -29,7 +29,14 @@ from tests.service.fakes import config as fake_config
 from tests.tuner.passes.test_combine_sparse_inputs import Ranker, ranker_inputs
 from tuner.capture import export_module, save_program, to_graph_module
 from tuner.cli import app
-from tuner.client import ConfigCache, FxtuneClientWarning, PackedInputs, fetch_config, load_tuned
+from tuner.client import (
+    CheckedInputs,
+    ConfigCache,
+    FxtuneClientWarning,
+    PackedInputs,
+    fetch_config,
+    load_tuned,
+)
 from tuner.errors import ArtifactFormatError
 from tuner.fingerprint import model_fingerprint
 from tuner.passes import get_pass
@@ -63,6 +70,8 @@ def tuned_config(program: ExportedProgram, *passes: str, **fields: Any) -> dict[
 
 
 def has_dropout(module: nn.Module) -> bool:
+    if isinstance(module, CheckedInputs):  # load_tuned's input check around the tuned graph
+        module = module.tuned
     assert isinstance(module, torch.fx.GraphModule)
     return any("dropout" in str(n.target) for n in module.graph.nodes)
 
@@ -365,8 +374,10 @@ def test_a_config_that_packs_inputs_keeps_the_original_signature(
         program, "combine_sparse_inputs", changes_inputs=True
     )
     module, warned = load_recording(program, server=url, cache_dir=tmp_path)
-    assert warned == [] and isinstance(module, PackedInputs)
-    placeholders = [n.target for n in module.tuned.graph.nodes if n.op == "placeholder"]
+    assert warned == [] and isinstance(module, CheckedInputs)
+    packed = module.tuned
+    assert isinstance(packed, PackedInputs)
+    placeholders = [n.target for n in packed.tuned.graph.nodes if n.op == "placeholder"]
     assert placeholders == ["sparse_indices", "sparse_offsets", "xs_2"]
     with torch.no_grad():
         for _ in range(3):
@@ -402,7 +413,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     module = load_tuned(sys.argv[1], server=sys.argv[2], cache_dir=Path(sys.argv[3]))
 assert not [w for w in caught if w.category is FxtuneClientWarning], caught
-assert not any("dropout" in str(n.target) for n in module.graph.nodes)
+assert not any("dropout" in str(n.target) for n in module.tuned.graph.nodes)
 print("tuned")
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -173,3 +174,14 @@ def test_the_tune_command_carries_the_machines_cache_and_threads(tmp_path: Path)
     cmd = tuned.command(job, tmp_path / "m.pt2", tmp_path)
     assert cmd[cmd.index("--cache") + 1] == str(tmp_path / "c.json")
     assert cmd[cmd.index("--threads") + 1] == "1"
+
+
+def test_the_tune_command_carries_the_jobs_sizes(tmp_path: Path) -> None:
+    """A job's sizes for dynamic dims reach `fxtune tune --sizes` (one option per dim)."""
+    job = Assignment(1, 1, "cpu", None, "token", 30.0, "0" * 64, 1, "m", "/file")
+    worker = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
+    assert "--sizes" not in worker.command(job, tmp_path / "m.pt2", tmp_path)
+    sized = dataclasses.replace(job, sizes={"batch": [1, 32, 512], "seq": [128]})
+    cmd = worker.command(sized, tmp_path / "m.pt2", tmp_path)
+    given = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--sizes"]
+    assert given == ["batch=1,32,512", "seq=128"]

@@ -32,6 +32,13 @@ class GraphPass(ABC):
         if unknown:
             raise ValueError(f"{self.name}: unknown options {sorted(unknown)}")
         self.options = {**self.default_options, **options}
+        # Places the pass would have matched but refused, each with why (e.g. a dynamic size
+        # it cannot keep dynamic); filled by find_sites, reported with the tuning decisions.
+        self.refusals: list[str] = []
+
+    def refuse(self, reason: str) -> None:
+        if reason not in self.refusals:
+            self.refusals.append(reason)
 
     @abstractmethod
     def find_sites(self, gm: fx.GraphModule) -> list[Site]: ...

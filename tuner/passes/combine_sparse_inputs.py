@@ -64,6 +64,18 @@ def _is_index_input(node: Any) -> bool:
     )
 
 
+def _dynamic_bag_input(node: fx.Node) -> bool:
+    """An index vector of dynamic length read by an embedding bag."""
+    v = tensor_val(node)
+    return (
+        v is not None
+        and v.dim() == 1
+        and v.dtype in INDEX_DTYPES
+        and not isinstance(v.shape[0], int)
+        and any(is_call(u, EMBEDDING_BAG) for u in node.users)
+    )
+
+
 def _uses(user: fx.Node, node: fx.Node) -> int:
     return sum(1 for a in pytree.tree_leaves((user.args, user.kwargs)) if a is node)
 
@@ -132,6 +144,12 @@ class CombineSparseInputs(GraphPass):
     def find_sites(self, gm: fx.GraphModule) -> list[Site]:
         groups: dict[tuple[Any, ...], list[Pair]] = {}
         for node in gm.graph.find_nodes(op="placeholder"):
+            if _dynamic_bag_input(node):
+                self.refuse(
+                    f"input {node.target} has a dynamic size: the graph could not split the "
+                    "packed inputs back (their sizes would be data), so sparse inputs stay apart"
+                )
+                continue
             pair = _pair_of(node)
             if pair is not None:
                 groups.setdefault(_key(pair), []).append(pair)

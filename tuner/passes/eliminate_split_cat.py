@@ -19,9 +19,11 @@ from tuner.graph import (
     arg,
     aten,
     is_call,
+    is_symbolic,
     mutated_aliases,
-    shape,
+    size_args,
     split_pieces,
+    split_refusal,
     tensor_val,
     val,
 )
@@ -69,19 +71,31 @@ def _flattenable(sizes: list[int], strides: list[int], dim: int) -> bool:
 
 
 def _regroup(graph: fx.Graph, match: _Match) -> fx.Node:
-    """The input with its split dim's blocks moved onto the cat dim: a view when strides allow."""
+    """The input with its split dim's blocks moved onto the cat dim: a view when strides allow.
+
+    Dynamic sizes are read at run time (`size_args`); the merged dim is then -1 (every other dim
+    is explicit), and with dynamic strides the copy-free check cannot be decided once, so it
+    reshapes (a view when possible, a copy otherwise: right at every size).
+    """
     source = match.pieces.source
     a, b = match.pieces.dim, match.dim
     count, size = len(match.pieces.sizes), match.pieces.sizes[0]
-    sizes = list(shape(source))
-    strides = [int(s) for s in val(source).stride()]
+    sizes = size_args(graph, source)
+    raw_strides = list(val(source).stride())
     grouped = [*sizes[:a], count, size, *sizes[a + 1 :]]
-    grouped_strides = [*strides[:a], strides[a] * size, strides[a], *strides[a + 1 :]]
     perm = list(range(len(grouped)))
     perm.insert(b, perm.pop(a))
     moved = [grouped[p] for p in perm]
-    out_shape = [*moved[:b], moved[b] * moved[b + 1], *moved[b + 2 :]]
-    copy_free = _flattenable(moved, [grouped_strides[p] for p in perm], b)
+    symbolic = any(isinstance(x, fx.Node) for x in moved[b : b + 2])
+    merged = -1 if symbolic else moved[b] * moved[b + 1]
+    out_shape = [*moved[:b], merged, *moved[b + 2 :]]
+    copy_free = False
+    if not any(is_symbolic(x) for x in raw_strides) and not any(
+        isinstance(x, fx.Node) for x in grouped
+    ):
+        strides = [int(x) for x in raw_strides]
+        grouped_strides = [*strides[:a], strides[a] * size, strides[a], *strides[a + 1 :]]
+        copy_free = _flattenable(moved, [grouped_strides[p] for p in perm], b)
     node = graph.call_function(aten.view.default, (source, grouped))
     node = graph.call_function(aten.permute.default, (node, perm))
     return graph.call_function(
@@ -102,6 +116,9 @@ class EliminateSplitCat(GraphPass):
         claimed: set[fx.Node] = set()
         sites = []
         for node in gm.graph.nodes:
+            reason = split_refusal(node)
+            if reason is not None:
+                self.refuse(reason)
             match = _cat_of_split(node, mutated)
             if match is None or match.pieces.split in claimed:
                 continue

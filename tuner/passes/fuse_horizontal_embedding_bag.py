@@ -29,6 +29,7 @@ from tuner.graph import (
     getitem_users,
     independent_groups,
     is_call,
+    is_symbolic,
     mutated_aliases,
     tensor_val,
     topo_last,
@@ -54,8 +55,10 @@ class _Bag:
     out: fx.Node
 
     @property
-    def bags(self) -> int:
-        return int(_val(self.out).shape[0])
+    def bags(self) -> int | torch.SymInt:
+        """Bags per feature: the batch, a SymInt when the program's batch is dynamic."""
+        size = _val(self.out).shape[0]
+        return size if is_symbolic(size) else int(size)
 
     @property
     def include_last_offset(self) -> bool:
@@ -74,7 +77,7 @@ class _Bag:
             bool(arg(self.node, 5, "sparse", False)),
             self.weights is not None,
             self.include_last_offset,
-            self.bags,
+            str(self.bags),  # the symbol's name when dynamic: equal symbols, equal batches
             _val(self.indices).dtype,
             _val(self.offsets).dtype,
         )
@@ -136,11 +139,14 @@ def _fits_dtypes(bags: list[_Bag]) -> bool:
     """Shifted int32 indices or offsets must not overflow."""
     limit = torch.iinfo(torch.int32).max
     rows = sum({str(b.table.target): b.rows for b in bags}.values())
-    count = sum(int(_val(b.indices).shape[0]) for b in bags)
     first = bags[0]
-    return (_val(first.indices).dtype != torch.int32 or rows <= limit) and (
-        _val(first.offsets).dtype != torch.int32 or count <= limit
-    )
+    if _val(first.offsets).dtype == torch.int32:
+        sizes = [_val(b.indices).shape[0] for b in bags]
+        if any(is_symbolic(s) for s in sizes):
+            return False  # a dynamic count has no bound here: int32 offsets could overflow
+        if sum(int(s) for s in sizes) > limit:
+            return False
+    return _val(first.indices).dtype != torch.int32 or rows <= limit
 
 
 def _concat_shifted(
@@ -161,28 +167,70 @@ def _concat_shifted(
     return graph.call_function(aten.add.Tensor, (joined, shift))
 
 
+def _dynamic(bags: list[_Bag]) -> bool:
+    """Whether any count or batch is a dynamic size (then shifts are computed at run time)."""
+    return any(
+        is_symbolic(s)
+        for b in bags
+        for s in (_val(b.indices).shape[0], _val(b.offsets).shape[0], _val(b.out).shape[0])
+    )
+
+
+def _shifted_parts(graph: fx.Graph, parts: list[fx.Node], shifts: list[Any]) -> fx.Node:
+    """cat(part + shift): for dynamic sizes, where no constant shift vector can be built."""
+    moved = [
+        p if isinstance(s, int) and s == 0 else graph.call_function(aten.add.Tensor, (p, s))
+        for p, s in zip(parts, shifts, strict=True)
+    ]
+    return graph.call_function(aten.cat.default, (moved,))
+
+
 def _indices(gm: fx.GraphModule, bags: list[_Bag]) -> fx.Node:
     """Each feature's indices moved to its table's first row in the stack."""
     starts = _stack_rows(bags)
     shifts = [starts[str(b.table.target)] for b in bags]
-    sizes = [int(_val(b.indices).shape[0]) for b in bags]
     parts = [b.indices for b in bags]
+    if _dynamic(bags):
+        return _shifted_parts(gm.graph, parts, shifts)
+    sizes = [int(_val(b.indices).shape[0]) for b in bags]
     return _concat_shifted(gm, parts, shifts, sizes, _val(parts[0]), "embedding_bag_rows")
 
 
 def _offsets(gm: fx.GraphModule, bags: list[_Bag]) -> fx.Node:
     """Each feature's offsets moved past the indices of the features before it."""
-    counts = [int(_val(b.indices).shape[0]) for b in bags]
-    shifts = [sum(counts[:k]) for k in range(len(bags))]
+    graph = gm.graph
     parts = [b.offsets for b in bags]
-    n = bags[0].bags
+    if _dynamic(bags):
+        # Counts are read at run time; the shift of feature k is the sum of the counts before it.
+        shifts: list[Any] = [0]
+        for b in bags[:-1]:
+            count = graph.call_function(aten.sym_size.int, (b.indices, 0))
+            prev = shifts[-1]
+            total = count if prev == 0 else graph.call_function(operator.add, (prev, count))
+            shifts.append(total)
+        if bags[0].include_last_offset:
+            parts[:-1] = [graph.call_function(aten.slice.Tensor, (p, 0, 0, -1)) for p in parts[:-1]]
+        return _shifted_parts(graph, parts, shifts)
+    counts = [int(_val(b.indices).shape[0]) for b in bags]
+    static_shifts = [sum(counts[:k]) for k in range(len(bags))]
+    n = int(bags[0].bags)
     sizes = [n] * len(bags)
     if bags[0].include_last_offset:
         # Only the last feature keeps its end offset; the others' ends are the next one's start.
-        parts[:-1] = [gm.graph.call_function(aten.slice.Tensor, (p, 0, 0, n)) for p in parts[:-1]]
+        parts[:-1] = [graph.call_function(aten.slice.Tensor, (p, 0, 0, n)) for p in parts[:-1]]
         sizes[-1] = n + 1
     like = _val(bags[0].offsets)
-    return _concat_shifted(gm, parts, shifts, sizes, like, "embedding_bag_offsets")
+    return _concat_shifted(gm, parts, static_shifts, sizes, like, "embedding_bag_offsets")
+
+
+def _batch(graph: fx.Graph, bag: _Bag) -> int | fx.Node:
+    """Bags per feature, as a split size: read from the offsets at run time when dynamic."""
+    if not is_symbolic(bag.bags):
+        return int(bag.bags)
+    size = graph.call_function(aten.sym_size.int, (bag.offsets, 0))
+    if bag.include_last_offset:
+        size = graph.call_function(operator.sub, (size, 1))
+    return size
 
 
 @register
@@ -246,6 +294,13 @@ class FuseHorizontalEmbeddingBag(GraphPass):
                 ),
             )
             out = graph.call_function(operator.getitem, (fused, 0))
-            pieces = graph.call_function(aten.split.Tensor, (out, found[0].bags))
+            batch = _batch(graph, found[0])
+            if isinstance(batch, int):
+                pieces = graph.call_function(aten.split.Tensor, (out, batch))
+            else:
+                # Equal symbolic sizes: split(out, B) would count its pieces as ceil(N*B / B),
+                # which export cannot prove is N for every B (it pins B); sizes can be checked.
+                sizes = [batch] * len(found)
+                pieces = graph.call_function(aten.split_with_sizes.default, (out, sizes))
             for i, bag in enumerate(found):
                 bag.out.replace_all_uses_with(graph.call_function(operator.getitem, (pieces, i)))

@@ -25,8 +25,9 @@ from tuner.graph import (
     is_call,
     mutated_aliases,
     only_user,
-    shape,
+    size_args,
     split_pieces,
+    split_refusal,
     tensor_val,
     topo_first,
 )
@@ -93,7 +94,7 @@ def _fused(gm: fx.GraphModule, match: _Match) -> fx.Node:
     """Norm once over the (..., N, D) view, then the stacked affine; back to (..., N*D)."""
     graph = gm.graph
     pieces = match.pieces
-    full = list(shape(pieces.source))
+    full = size_args(graph, pieces.source)  # a dynamic batch stays dynamic: (B, N, D), B symbolic
     grouped = [*full[:-1], len(pieces.sizes), pieces.sizes[0]]
     view = graph.call_function(aten.view.default, (pieces.source, grouped))
     out = graph.call_function(
@@ -125,6 +126,9 @@ class FuseHorizontalLayerNorm(GraphPass):
         mutated = mutated_aliases(gm)
         sites = []
         for node in gm.graph.nodes:
+            reason = split_refusal(node)
+            if reason is not None:
+                self.refuse(reason)
             match = _match(gm, node, mutated)
             if match is not None:
                 n, d = len(match.pieces.sizes), match.pieces.sizes[0]

@@ -24,8 +24,11 @@ from tuner.graph import (
     attr_tensor,
     independent_groups,
     is_call,
+    is_symbolic,
     mutated_aliases,
     shape,
+    size_args,
+    sizes,
     tensor_val,
     topo_first,
     topo_last,
@@ -97,7 +100,9 @@ class FuseHorizontalLinear(GraphPass):
             for n in linears:
                 if n not in taken:
                     weight_shape = shape(arg(n, 1, "weight"))
-                    same_shape[(shape(n.args[0]), weight_shape, *_key(gm, n))].append(n)
+                    # str(): a dynamic size is keyed by its symbol (equal symbols, equal sizes)
+                    x_sizes = str(sizes(n.args[0]))
+                    same_shape[(x_sizes, weight_shape, *_key(gm, n))].append(n)
             groups += [("bmm", g) for g in _in_order(same_shape, min_size)]
         return [self._site(kind, g) for kind, g in groups]
 
@@ -151,11 +156,15 @@ def _batched(gm: fx.GraphModule, linears: list[fx.Node]) -> None:
     stem = str(arg(linears[0], 1, "weight").target).removeprefix("fxtune_") + "_hbmm"
     w_node, b_node = _weight_nodes(gm, linears, stem, weight, bias)
     n, (out_features, in_features) = len(linears), pairs[0][0].shape
-    x_shape = shape(linears[0].args[0])
-    flat_shape = [n, math.prod(x_shape[:-1]), in_features]
+    x_shape = sizes(linears[0].args[0])
+    dynamic = any(is_symbolic(s) for s in x_shape)
+    # With a dynamic leading size the flattened rows are -1 and the output shape is read at
+    # run time (sym_size), so the rewrite serves every size the program serves.
+    flat_shape = [n, -1 if dynamic else math.prod(int(s) for s in x_shape[:-1]), in_features]
     reshape = len(x_shape) != 2
     graph = gm.graph
     with graph.inserting_after(topo_last(linears)):
+        leading = size_args(graph, linears[0].args[0])[:-1]
         flat = graph.call_function(aten.stack.default, ([m.args[0] for m in linears],))
         if reshape:
             flat = graph.call_function(aten.view.default, (flat, flat_shape))
@@ -164,7 +173,7 @@ def _batched(gm: fx.GraphModule, linears: list[fx.Node]) -> None:
         else:
             out = graph.call_function(aten.bmm.default, (flat, w_node))
         pieces = graph.call_function(aten.unbind.int, (out, 0))
-    out_shape = [*x_shape[:-1], out_features]
+    out_shape = [*leading, out_features]
     for i, linear in enumerate(linears):
         with graph.inserting_after(pieces):
             piece = graph.call_function(operator.getitem, (pieces, i))
@@ -182,12 +191,16 @@ def _replace_with_pieces(linears: list[fx.Node], split: fx.Node) -> None:
     fail on them; such users get a contiguous copy.
     """
     graph = split.graph
-    total = sum(shape(n)[-1] for n in linears)
+    total = sum(int(sizes(n)[-1]) for n in linears)
     for i, linear in enumerate(linears):
         with graph.inserting_after(split):
             piece = graph.call_function(operator.getitem, (split, i))
-        strides = _strides((*shape(linear)[:-1], total))
-        blocked = [u for u in linear.users if not _viewable(u, shape(linear), strides)]
+        if any(is_symbolic(s) for s in sizes(linear)):
+            # Whether a view fits the slice's strides can change with the size: copy for views.
+            blocked = [u for u in linear.users if _is_view(u)]
+        else:
+            strides = _strides((*shape(linear)[:-1], total))
+            blocked = [u for u in linear.users if not _viewable(u, shape(linear), strides)]
         if blocked:
             with graph.inserting_after(piece):
                 dense = graph.call_function(aten.contiguous.default, (piece,))
@@ -205,10 +218,14 @@ def _strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _viewable(user: fx.Node, sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    if not is_call(user, aten.view.default, aten._unsafe_view.default):
+def _is_view(user: fx.Node) -> bool:
+    return is_call(user, aten.view.default, aten._unsafe_view.default)
+
+
+def _viewable(user: fx.Node, dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    if not _is_view(user):
         return True
-    probe = torch.empty_strided(sizes, strides, device="meta")
+    probe = torch.empty_strided(dims, strides, device="meta")
     try:
         probe.view(user.args[1])
     except RuntimeError:

@@ -21,6 +21,7 @@ from tuner.graph import (
     mutated_aliases,
     only_user,
     split_pieces,
+    split_refusal,
     topo_first,
 )
 from tuner.passes import register
@@ -109,6 +110,9 @@ class FuseHorizontalPointwise(GraphPass):
         mutated = mutated_aliases(gm)
         sites = []
         for node in gm.graph.nodes:
+            reason = split_refusal(node)
+            if reason is not None:
+                self.refuse(reason)
             match = _match(node, self.ops, mutated)
             if match is not None:
                 pieces, calls = match

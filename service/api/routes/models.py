@@ -198,7 +198,7 @@ def download_upload(model_id: IdPath, store: StoreDep, artifacts: ArtifactsDep) 
 )
 def create_job(model_id: IdPath, body: JobCreate, store: StoreDep) -> JobOut:
     """Queue tuning for a device; an unfinished job for the same device is returned instead."""
-    job, _ = store.enqueue_job(model_id, body.device, body.budget_s)
+    job, _ = store.enqueue_job(model_id, body.device, body.budget_s, body.sizes)
     return JobOut.of(job)
 
 
