@@ -24,8 +24,12 @@ def tune_distributed_cmd(
     from tuner.distributed_tune import DistributedTuneOptions, tune_distributed
 
     # Timing budget per comparison: a quarter of the total (the rest: spawn, checks, profile).
+    # The whole job may take its budget twice over (spawn, checks, profile) before it is killed.
     options = DistributedTuneOptions(
-        world_size=world_size, budget_s=max(2.0, budget_s / 4), threads=threads or 1
+        world_size=world_size,
+        budget_s=max(2.0, budget_s / 4),
+        threads=threads or 1,
+        job_timeout_s=max(DistributedTuneOptions.job_timeout_s, 2 * budget_s),
     )
     try:
         result = tune_distributed(model, options, out=out, report=report)
