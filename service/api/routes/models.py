@@ -289,6 +289,8 @@ def get_report(
     if not path.is_file():
         raise not_found(f"report {tuned.report_sha256[:12]} is missing from the store")
     report = json.loads(path.read_bytes())
+    # A distributed job's report (every rank's figures) has no config: this rank's goes in.
+    report.setdefault("config", tuned.config)
     base = f"/api/v1/models/{model_id}"
     query = f"device={device}&hardware={quote(tuned.summary.hardware_key)}"
     report["artifacts"] = {
