@@ -33,7 +33,7 @@ from service.artifacts import ArtifactStore, Spool
 from service.distributed import program_field, rank_results
 from service.programs import UnloadableProgram, check_loadable, fingerprint_of
 from service.reports import ReportError, load_json_report, load_report, tuning_result
-from service.store import AbstractStore, Job, StaleLease, TuningResult
+from service.store import AbstractStore, Job, NotFound, StaleLease, TuningResult
 
 router = APIRouter(tags=["workers"], dependencies=[WorkerAuth])
 
@@ -123,7 +123,8 @@ async def complete(
     """Upload report.json, the tuned program and optional AOTI package and traces."""
     cap = int(settings.max_result_mb * MB)
     # A distributed job uploads one tuned program per rank: more fields, a larger body.
-    world = min((await run_in_threadpool(store.get_job, job_id)).world_size, MAX_WORLD_SIZE)
+    # An unknown job is reported after the form is read, as for any job (the lease check).
+    world = min(await run_in_threadpool(_world_size, store, job_id), MAX_WORLD_SIZE)
     rank_programs = {program_field(r) for r in range(1, world)}
     form = await read_form(
         request,
@@ -136,6 +137,13 @@ async def complete(
         return await _complete(job_id, form, store, artifacts, cache)
     finally:
         form.discard()
+
+
+def _world_size(store: AbstractStore, job_id: int) -> int:
+    try:
+        return store.get_job(job_id).world_size
+    except NotFound:
+        return 1
 
 
 def _unprocessable(detail: str) -> HTTPException:
