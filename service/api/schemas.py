@@ -137,6 +137,7 @@ class JobCreate(BaseModel):
     )
     rank_models: list[Annotated[int, Field(ge=1, le=INT64_MAX)]] | None = Field(
         default=None,
+        max_length=MAX_WORLD_SIZE,
         description="With world_size N > 1: the uploaded model of every rank, in rank order; "
         "the first is the model in the path, and all must share one fingerprint",
     )
