@@ -11,7 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from service.cli import app as service_cli
 from service.core.config import Settings
 from service.programs import check_loadable
 from tests.service.fakes import HARDWARE
@@ -35,13 +37,6 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Any]]:
         yield live
 
 
-def upload(url: str, path: Path) -> int:
-    with path.open("rb") as f:
-        resp = httpx.post(f"{url}{API}/models", files={"file": (path.name, f)}, timeout=120)
-    assert resp.status_code == 201, resp.text
-    return int(resp.json()["id"])
-
-
 def worker(url: str, tmp_path: Path, ranks: int) -> Worker:
     settings = WorkerSettings(
         server=url,
@@ -61,7 +56,16 @@ def test_a_two_rank_job_is_tuned_by_a_two_rank_worker_and_shown_per_rank(
     url, _app = server
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     pattern = build_small(tmp_path / "programs", 2)
-    ranks = [upload(url, rank_path(pattern, r)) for r in range(2)]
+    submit = ["submit", pattern, "--server", url, "--world-size", "2", "--budget-s", "8"]
+    submitted = CliRunner().invoke(service_cli, submit)
+    assert submitted.exit_code == 0, submitted.output
+    models = httpx.get(f"{url}{API}/models").json()
+    ranks = sorted(m["id"] for m in models)
+    assert [m["name"] for m in sorted(models, key=lambda m: m["id"])] == [
+        rank_path("sharded_rank{rank}", r).name for r in range(2)
+    ]
+    (queued,) = httpx.get(f"{url}{API}/jobs").json()
+    assert f"job {queued['id']}: queued" in submitted.output
     jobs = f"{url}{API}/models/{ranks[0]}/jobs"
     body = {"device": "cpu", "budget_s": 8, "world_size": 2}
     refused = [
@@ -70,8 +74,8 @@ def test_a_two_rank_job_is_tuned_by_a_two_rank_worker_and_shown_per_rank(
         httpx.post(jobs, json=body),  # no programs named
     ]
     assert [r.status_code for r in refused] == [422, 422, 422], [r.text for r in refused]
-    job = httpx.post(jobs, json=body | {"rank_models": ranks})
-    assert job.status_code == 202, job.text
+    job = httpx.post(jobs, json=body | {"rank_models": ranks})  # the same job again
+    assert job.status_code == 202 and job.json()["id"] == queued["id"], job.text
     assert job.json()["world_size"] == 2 and job.json()["rank_models"] == ranks
 
     assert worker(url, tmp_path, ranks=1).run(once=True) == 0  # never handed to 1 rank
