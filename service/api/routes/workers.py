@@ -120,7 +120,10 @@ async def complete(
     settings: SettingsDep,
     cache: ConfigCacheDep,
 ) -> JobOut:
-    """Upload report.json, the tuned program and optional AOTI package and traces."""
+    """Upload report.json, the tuned program and optional AOTI package and traces.
+
+    A distributed job (world_size N): its report, `program` (rank 0) and `program_rank1` ..
+    `program_rank{N-1}`; each rank's program becomes the tuned program of that rank's model."""
     cap = int(settings.max_result_mb * MB)
     # A distributed job uploads one tuned program per rank: more fields, a larger body.
     # An unknown job is reported after the form is read, as for any job (the lease check).
