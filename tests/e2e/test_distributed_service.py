@@ -107,6 +107,8 @@ def test_a_two_rank_job_is_tuned_by_a_two_rank_worker_and_shown_per_rank(
         programs.append(artifact.content)
     assert programs[0] != programs[1]
 
+    index = httpx.get(f"{url}/")
+    assert index.status_code == 200 and all(f"/models/{i}" in index.text for i in ranks)
     page = httpx.get(f"{url}/models/{ranks[1]}?device=cpu")
     assert page.status_code == 200
     html = page.text
