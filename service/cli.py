@@ -144,10 +144,31 @@ def submit_cmd(
     name: Annotated[str | None, typer.Option(help="Display name", show_default=False)] = None,
     wait: Annotated[bool, typer.Option(help="Follow the job until it ends")] = False,
     token: TokenOpt = None,
+    world_size: Annotated[
+        int,
+        typer.Option(
+            "--world-size",
+            min=1,
+            help="Ranks of a distributed job (>1: MODEL holds {rank}, one program per rank)",
+        ),
+    ] = 1,
 ) -> None:
     """Upload MODEL and queue it for tuning; with --wait, follow the job with a progress bar."""
     import httpx
 
+    if world_size > 1:
+        try:
+            with _client(server, token) as http:
+                job = submit_distributed(http, str(model), world_size, device, budget_s, name)
+                if wait:
+                    final = follow_job(http, job["id"])
+                    _print_outcome(http, final)
+                    if final["status"] != "succeeded":
+                        raise typer.Exit(1)
+        except httpx.TransportError as exc:
+            typer.echo(f"error: cannot reach the service: {exc}", err=True)
+            raise typer.Exit(1) from None
+        return
     if not model.is_file():
         typer.echo(f"error: no such file: {model}", err=True)
         raise typer.Exit(2)
@@ -170,6 +191,38 @@ def submit_cmd(
     except httpx.TransportError as exc:
         typer.echo(f"error: cannot reach the service: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def submit_distributed(
+    http: Any,
+    pattern: str,
+    world_size: int,
+    device: str,
+    budget_s: float | None,
+    name: str | None,
+) -> dict[str, Any]:
+    """Upload every rank's program (`{rank}` in `pattern`), then queue one job naming them."""
+    if "{rank}" not in pattern:
+        typer.echo("error: with --world-size, MODEL must hold {rank}", err=True)
+        raise typer.Exit(2)
+    paths = [Path(pattern.replace("{rank}", str(rank))) for rank in range(world_size)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        typer.echo(f"error: no such file: {', '.join(missing)}", err=True)
+        raise typer.Exit(2)
+    ids = []
+    for rank, path in enumerate(paths):
+        fields = {"name": f"{name} rank {rank}"} if name else {}
+        with path.open("rb") as f:
+            body = _check(http.post("/api/v1/models", data=fields, files={"file": (path.name, f)}))
+        ids.append(body["id"])
+    request: dict[str, Any] = {"device": device, "world_size": world_size, "rank_models": ids}
+    if budget_s is not None:
+        request["budget_s"] = budget_s
+    job = _check(http.post(f"/api/v1/models/{ids[0]}/jobs", json=request))
+    typer.echo(f"models {', '.join(map(str, ids))} (ranks 0..{world_size - 1}), "
+               f"job {job['id']}: {job['status']}")  # fmt: skip
+    return job
 
 
 def follow_job(http: Any, job_id: int, poll_s: float = 0.5) -> dict[str, Any]:

@@ -31,14 +31,22 @@ def _no_constants(name: str) -> Any:
 
 
 def load_report(data: bytes) -> dict[str, Any]:
+    report = load_json_report(data)
+    if not isinstance(report.get("config"), dict):
+        raise ReportError("report has no 'config' object")
+    return report
+
+
+def load_json_report(data: bytes) -> dict[str, Any]:
+    """A report's JSON object, size-capped and strict (no NaN); any report_version."""
     if len(data) > MAX_REPORT_BYTES:
         raise ReportError(f"report larger than {MAX_REPORT_BYTES} bytes")
     try:
         report = json.loads(data, parse_constant=_no_constants)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ReportError(f"report is not JSON: {exc}") from None
-    if not isinstance(report, dict) or not isinstance(report.get("config"), dict):
-        raise ReportError("report has no 'config' object")
+    if not isinstance(report, dict):
+        raise ReportError("report is not a JSON object")
     return report
 
 

@@ -113,6 +113,40 @@ def size_rows(config: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
+FIGURE_5 = (
+    "sequential_step_us",
+    "overlapped_step_us",
+    "comm_alone_us",
+    "compute_us",
+    "hidden_by_step_time_us",
+    "hidden_by_step_time_share",
+)
+
+
+def rank_rows(config: Mapping[str, Any]) -> list[Row]:
+    """A distributed config's figure 5 (overlap of the all-to-all with compute): the slowest
+    rank first, then every rank, each with its own medians of the sites' lockstep A/B."""
+    section = config.get("distributed") or {}
+    profile = section.get("overlap_profile") or {}
+    if "per_rank" not in profile:
+        return []
+    per_site = [f for f in (section.get("sites_per_rank") or {}).values() if f]
+    slowest = {k: profile["slowest_rank"].get(k) for k in FIGURE_5}
+    rows = [{"rank": "slowest", **slowest, "sites": None, "site_baseline_us": []}]
+    for rank, figures in enumerate(profile["per_rank"]):
+        mine = [site[rank] for site in per_site if rank < len(site)]
+        rows.append(
+            {
+                "rank": str(rank),
+                **{k: figures.get(k) for k in FIGURE_5},
+                "sites": len(mine),
+                "site_baseline_us": [m.get("baseline_median_us") for m in mine],
+                "site_candidate_us": [m.get("candidate_median_us") for m in mine],
+            }
+        )
+    return rows
+
+
 def config_row(model: Model, summary: ConfigSummary, config: Mapping[str, Any]) -> Row:
     """One tuned config (model x device x hardware) as the dashboard's overview shows it."""
     whole = config["whole_model"]
@@ -140,6 +174,8 @@ def config_row(model: Model, summary: ConfigSummary, config: Mapping[str, Any]) 
         "sites_accepted": sum(1 for s in sites if s["accepted"]),
         "verified": config.get("verification", {}).get("passed"),
         "fingerprint": summary.fingerprint,
+        "world_size": (config.get("distributed") or {}).get("world_size", 1),
+        "rank": (config.get("distributed") or {}).get("rank"),
         "job_id": summary.job_id,
         "updated_at": summary.updated_at.isoformat(),
     }

@@ -10,6 +10,13 @@ from rich.table import Table
 
 from tuner.errors import FxtuneError
 
+# A rank that raised, died or overran (`RankFailedError`) exits 1, so a worker retries the job: a
+# lost rank (memory, a signal, a timeout) cannot be told from outside from a bad program, and the
+# service checked every rank's upload with the safe loader already. Errors found before the ranks
+# start (a missing program) are the caller's: 2, as for every `fxtune tune` refusal.
+RANK_FAILED_EXIT = 1
+USER_ERROR_EXIT = 2
+
 
 def tune_distributed_cmd(
     model: Path,
@@ -21,17 +28,27 @@ def tune_distributed_cmd(
     console: Console,
 ) -> None:
     """Spawn the ranks, tune in lockstep, print the decision and figure 5 per rank."""
-    from tuner.distributed_tune import DistributedTuneOptions, tune_distributed
+    from tuner.distributed import RankFailedError
+    from tuner.distributed_tune import DistributedTuneOptions, rank_path, tune_distributed
 
+    missing = [str(p) for r in range(world_size) if not (p := rank_path(model, r)).is_file()]
+    if missing:
+        Console(stderr=True).print(f"[red]error:[/red] no program for rank(s): {missing}")
+        raise typer.Exit(code=USER_ERROR_EXIT)
     # Timing budget per comparison: a quarter of the total (the rest: spawn, checks, profile).
+    # The whole job may take its budget twice over (spawn, checks, profile) before it is killed.
     options = DistributedTuneOptions(
-        world_size=world_size, budget_s=max(2.0, budget_s / 4), threads=threads or 1
+        world_size=world_size,
+        budget_s=max(2.0, budget_s / 4),
+        threads=threads or 1,
+        job_timeout_s=max(DistributedTuneOptions.job_timeout_s, 2 * budget_s),
     )
     try:
         result = tune_distributed(model, options, out=out, report=report)
     except FxtuneError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=2) from None
+        code = RANK_FAILED_EXIT if isinstance(exc, RankFailedError) else USER_ERROR_EXIT
+        raise typer.Exit(code=code) from None
     for site in result["sites"]:
         c = site.get("comparison") or {}
         ci = f"{c['ci_low']:.3f}-{c['ci_high']:.3f}" if c else "-"

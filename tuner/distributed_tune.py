@@ -34,6 +34,8 @@ from tuner.apply import apply_steps
 from tuner.capture import Inputs, example_inputs, save_program, to_graph_module, to_program
 from tuner.distributed import default_backend, run_ranks
 from tuner.errors import FxtuneError
+from tuner.fingerprint import model_fingerprint
+from tuner.hardware import describe
 from tuner.load import load_program
 from tuner.lockstep import LockstepTiming, lockstep_timing
 from tuner.measure import Comparison, fresh_inputs, summarise, verdict
@@ -190,6 +192,8 @@ def tune_rank(
     """One rank's share of the job (collective: every rank runs this in lockstep)."""
     started = time.perf_counter()
     program = load_program(rank_path(model, rank))
+    fingerprint = model_fingerprint(program)
+    _agree(fingerprint, "the model fingerprint (every rank's program must share one structure)")
     device = _device()
     inputs = tuple(
         x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs(program)
@@ -240,6 +244,8 @@ def tune_rank(
         "report_version": REPORT_VERSION,
         "pass": PASS,
         "world_size": world_size,
+        "model_fingerprint": fingerprint,
+        "hardware": describe(device) | {"world_size": world_size},
         "backend": dist.get_backend(),
         "threads_per_rank": torch.get_num_threads(),
         "sites": decisions,

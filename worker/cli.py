@@ -21,6 +21,12 @@ def worker_cmd(
         typer.Option(help="Worker token (env FXTUNE_WORKER_TOKEN)", show_default=False),
     ] = None,
     once: Annotated[bool, typer.Option(help="Do at most one job, then exit")] = False,
+    ranks: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Ranks of distributed jobs it can run (env FXTUNE_WORKER_RANKS, default 1)"
+        ),
+    ] = None,
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
     from worker.client import ServiceError
@@ -29,7 +35,8 @@ def worker_cmd(
     from worker.loop import Worker, install_signal_handlers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
-    overrides = {k: v for k, v in {"server": server, "worker_token": token}.items() if v}
+    given = {"server": server, "worker_token": token, "worker_ranks": ranks}
+    overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)
     try:
         hardware = detect(device)
@@ -39,7 +46,12 @@ def worker_cmd(
     worker = Worker(settings, device, hardware)
     install_signal_handlers(worker.stop)
     logging.getLogger("fxtune.worker").info(
-        "%s serving %s (%s) for %s", worker.id, device, hardware.get("name"), settings.server
+        "%s serving %s (%s, %d rank(s)) for %s",
+        worker.id,
+        device,
+        hardware.get("name"),
+        settings.worker_ranks,
+        settings.server,
     )
     try:
         worker.run(once=once)

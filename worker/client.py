@@ -34,6 +34,17 @@ class Assignment:
     name: str
     artifact_url: str
     sizes: dict[str, list[int]] | None = None  # sizes to tune dynamic dims at (None: default)
+    world_size: int = 1
+    ranks: tuple[RankFile, ...] = ()  # a distributed job's program per rank, rank 0 first
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """One rank's uploaded program: where to download it and the digest it must have."""
+
+    model_id: int
+    sha256: str
+    artifact_url: str
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -61,11 +72,13 @@ class ServiceClient:
     def close(self) -> None:
         self.http.close()
 
-    def claim(self, worker_id: str, device: str, hardware: dict[str, Any]) -> Assignment | None:
-        resp = self.http.post(
-            f"{API}/jobs/claim",
-            json={"worker_id": worker_id, "device": device, "hardware": hardware},
-        )
+    def claim(
+        self, worker_id: str, device: str, hardware: dict[str, Any], ranks: int = 1
+    ) -> Assignment | None:
+        claim: dict[str, Any] = {"worker_id": worker_id, "device": device, "hardware": hardware}
+        if ranks > 1:  # sent only when it matters, so older services still accept the claim
+            claim["ranks"] = ranks
+        resp = self.http.post(f"{API}/jobs/claim", json=claim)
         if resp.status_code == 204:
             return None
         _raise_for(resp)
@@ -83,10 +96,18 @@ class ServiceClient:
             size_bytes=model["size_bytes"],
             name=model["name"],
             artifact_url=body["artifact_url"],
+            world_size=job.get("world_size", 1),
+            ranks=tuple(
+                RankFile(r["model"]["id"], r["model"]["sha256"], r["artifact_url"])
+                for r in body.get("ranks", [])
+            ),
         )
 
     def download(self, job: Assignment, dest: Path) -> Path:
         """Stream the uploaded program to `dest`, checking it is the bytes the job names."""
+        return self.download_file(RankFile(job.model_id, job.sha256, job.artifact_url), dest)
+
+    def download_file(self, job: RankFile, dest: Path) -> Path:
         digest = hashlib.sha256()
         with self.http.stream("GET", job.artifact_url) as resp, dest.open("wb") as out:
             if resp.is_error:

@@ -57,6 +57,14 @@ class WorkerSettings(BaseSettings):
         "machines shared with other work, so measurements are not stalled by it)",
     )
 
+    worker_ranks: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Ranks this worker can run at once (processes of a distributed job: at most "
+        "its cores, or GPUs); it claims only jobs whose world_size is at most this",
+    )
+
     @property
     def token(self) -> str | None:
         return self.worker_token.get_secret_value() if self.worker_token else None

@@ -32,6 +32,8 @@ log = logging.getLogger("fxtune.worker")
 
 USER_ERROR_EXIT = 2  # `fxtune tune` exits 2 for a bad or unsafe model: retrying cannot help
 ONCE_PATIENCE_S = 60.0  # with --once, give up on a service that stays unreachable this long
+RANK_INPUT = "input_rank{rank}.pt2"  # a distributed job's programs (`fxtune tune` fills {rank})
+RANK_OUTPUT = "tuned_rank{rank}.pt2"
 
 
 class Heartbeat(threading.Thread):
@@ -107,7 +109,9 @@ class Worker:
         unreachable_since: float | None = None
         while not self._stop.is_set():
             try:
-                job = self.client.claim(self.id, self.device, self.hardware)
+                job = self.client.claim(
+                    self.id, self.device, self.hardware, self.settings.worker_ranks
+                )
             except httpx.TransportError as exc:
                 unreachable_since = unreachable_since or time.monotonic()
                 if once and time.monotonic() - unreachable_since > ONCE_PATIENCE_S:
@@ -146,7 +150,7 @@ class Worker:
 
     def _run_in(self, job: Assignment, workdir: Path) -> Outcome:
         try:
-            source = self.client.download(job, workdir / "input.pt2")
+            source = self.download(job, workdir)
         except (httpx.HTTPError, ServiceError) as exc:
             return self._fail(job, f"could not download the model: {exc}", retryable=True)
         out = workdir / "out"
@@ -170,12 +174,28 @@ class Worker:
         if not result.ok:
             return self._fail(job, _error(result), retryable=_retryable(result))
         try:
-            files = result_files(out / "report.json")
+            files = (
+                result_files(out / "report.json")
+                if job.world_size == 1
+                else rank_result_files(out, job.world_size)
+            )
         except ValueError as exc:
             return self._fail(job, f"the tuner finished but {exc}", retryable=False)
         return self._complete(job, files)
 
+    def download(self, job: Assignment, workdir: Path) -> Path:
+        """The uploaded program; for a distributed job every rank's, as `input_rank{rank}.pt2`."""
+        if job.world_size == 1:
+            return self.client.download(job, workdir / "input.pt2")
+        if len(job.ranks) != job.world_size:
+            raise ServiceError(f"job {job.job_id} names {len(job.ranks)} of its ranks' programs")
+        for rank, file in enumerate(job.ranks):
+            self.client.download_file(file, workdir / RANK_INPUT.format(rank=rank))
+        return workdir / RANK_INPUT
+
     def command(self, job: Assignment, source: Path, out: Path) -> list[str]:
+        if job.world_size > 1:
+            return self.distributed_command(job, source, out)
         cmd = [
             *self.settings.worker_tune_command,
             str(source),
@@ -192,6 +212,27 @@ class Worker:
         for dim, sizes in (job.sizes or {}).items():
             cmd += ["--sizes", f"{dim}={','.join(str(s) for s in sizes)}"]
         cmd += ["--cache", str(self.settings.worker_decision_cache)]
+        if self.settings.worker_tune_threads is not None:
+            cmd += ["--threads", str(self.settings.worker_tune_threads)]
+        return cmd
+
+    def distributed_command(self, job: Assignment, source: Path, out: Path) -> list[str]:
+        """`fxtune tune --world-size N`: the ranks are spawned inside the job's sandbox and
+        talk over its loopback (gloo); every rank writes `tuned_rank{rank}.pt2`."""
+        cmd = [
+            *self.settings.worker_tune_command,
+            str(source),
+            "--device",
+            job.device,
+            "--world-size",
+            str(job.world_size),
+            "--out",
+            str(out / RANK_OUTPUT),
+            "--report",
+            str(out / "report.json"),
+        ]
+        if job.budget_s is not None:
+            cmd += ["--budget-s", f"{job.budget_s:g}"]
         if self.settings.worker_tune_threads is not None:
             cmd += ["--threads", str(self.settings.worker_tune_threads)]
         return cmd
@@ -274,6 +315,20 @@ def result_files(report_path: Path) -> dict[str, Path]:
         files[field] = path
     if "program" not in files:
         raise ValueError("its report names no tuned program")
+    return files
+
+
+def rank_result_files(out: Path, world_size: int) -> dict[str, Path]:
+    """A distributed job's upload: its report, and rank r's tuned program as `program` (rank 0)
+    or `program_rank{r}` (the service stores each as the tuned program of rank r's model)."""
+    files = {"report": out / "report.json"}
+    for rank in range(world_size):
+        files["program" if rank == 0 else f"program_rank{rank}"] = out / RANK_OUTPUT.format(
+            rank=rank
+        )
+    missing = [f"{name} ({path.name})" for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise ValueError(f"wrote no {', '.join(missing)}")
     return files
 
 

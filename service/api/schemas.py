@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from service.store import ConfigSummary, Job, Model
 
@@ -18,6 +18,7 @@ IdQuery = Annotated[int | None, Query(ge=1, le=INT64_MAX)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 Budget = Field(default=None, gt=0, le=7 * 24 * 3600, description="Tuning time budget, seconds")
+MAX_WORLD_SIZE = 64  # ranks of one distributed job (each rank is a process on one worker)
 
 
 class ConfigSummaryOut(BaseModel):
@@ -60,6 +61,10 @@ class JobOut(BaseModel):
     status: Literal["queued", "running", "succeeded", "failed"]
     budget_s: float | None
     sizes: dict[str, list[int]] | None = None
+    world_size: int = 1
+    rank_models: list[int] | None = Field(
+        default=None, description="A distributed job's model per rank (rank 0 is model_id)"
+    )
     attempts: int
     max_attempts: int
     progress: float
@@ -123,6 +128,30 @@ class JobCreate(BaseModel):
         description='Sizes to tune dynamic dimensions at, e.g. {"batch": [1, 32, 512]}; '
         "default: each dimension's minimum, the example and a large value",
     )
+    world_size: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_WORLD_SIZE,
+        description="Ranks of a distributed job (> 1: tuned by `fxtune tune --world-size N` on a "
+        "worker that declares at least N ranks)",
+    )
+    rank_models: list[Annotated[int, Field(ge=1, le=INT64_MAX)]] | None = Field(
+        default=None,
+        max_length=MAX_WORLD_SIZE,
+        description="With world_size N > 1: the uploaded model of every rank, in rank order; "
+        "the first is the model in the path, and all must share one fingerprint",
+    )
+
+    @model_validator(mode="after")
+    def _ranks_named(self) -> JobCreate:
+        if self.world_size == 1 and self.rank_models not in (None, []):
+            raise ValueError("rank_models needs world_size > 1")
+        if self.world_size > 1:
+            if self.rank_models is None or len(self.rank_models) != self.world_size:
+                raise ValueError(f"world_size {self.world_size} needs that many rank_models")
+            if self.sizes:
+                raise ValueError("sizes are not supported with world_size > 1 (yet)")
+        return self
 
 
 class ClaimIn(BaseModel):
@@ -131,6 +160,9 @@ class ClaimIn(BaseModel):
     worker_id: str = Field(min_length=1, max_length=255)
     device: Device
     hardware: dict[str, Any] = Field(default_factory=dict)
+    ranks: int = Field(
+        default=1, ge=1, le=MAX_WORLD_SIZE, description="Ranks this worker can run at once"
+    )
 
 
 class ModelRef(BaseModel):
@@ -140,12 +172,21 @@ class ModelRef(BaseModel):
     name: str
 
 
+class RankProgram(BaseModel):
+    rank: int
+    model: ModelRef
+    artifact_url: str
+
+
 class ClaimOut(BaseModel):
     job: JobOut
     lease_token: str
     lease_s: float
     model: ModelRef
     artifact_url: str = Field(description="Where to download the uploaded program (GET)")
+    ranks: list[RankProgram] = Field(
+        default_factory=list, description="A distributed job's program per rank (else empty)"
+    )
 
 
 class HeartbeatIn(BaseModel):

@@ -71,6 +71,10 @@ def error(x: float | None) -> str:
     return NA if x is None else f"{x:.2g}"
 
 
+def share(x: float | None) -> str:
+    return NA if x is None else f"{x:.1%}"
+
+
 def filters() -> dict[str, object]:
     """The Jinja2 filters the templates use."""
     return {
@@ -81,4 +85,5 @@ def filters() -> dict[str, object]:
         "count": count,
         "size_bytes": size_bytes,
         "error": error,
+        "share": share,
     }

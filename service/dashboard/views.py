@@ -17,6 +17,7 @@ from service.rows import (
     candidate_rows,
     config_row,
     model_rows,
+    rank_rows,
     site_rows,
     size_rows,
 )
@@ -79,6 +80,7 @@ class ModelPage:
     sites: list[Row] = field(default_factory=list)
     candidates: list[Row] = field(default_factory=list)
     sizes: list[Row] = field(default_factory=list)  # per size, for dynamic programs
+    ranks: list[Row] = field(default_factory=list)  # per rank, for distributed jobs
     breakdown: Breakdown | None = None
     downloads: list[Link] = field(default_factory=list)
 
@@ -275,6 +277,7 @@ def model_page(
         sites=site_rows(tuned.config),
         candidates=candidate_rows(tuned.config),
         sizes=size_rows(tuned.config),
+        ranks=rank_rows(tuned.config),
         breakdown=breakdown({p.kind: p.summary for p in tuned.profiles}),
         downloads=downloads(tuned),
     )

@@ -92,6 +92,10 @@ class JobRow(Base):
     budget_s: Mapped[float | None] = mapped_column(Float)
     # Sizes to tune dynamic dimensions at ({"batch": [1, 32, 512]}); None: the tuner's default.
     sizes: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Ranks of a distributed job; only a worker declaring at least this many may claim it.
+    world_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The uploaded program of each rank, in rank order (model ids; [0] is model_id); None: 1 rank.
+    rank_models: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)

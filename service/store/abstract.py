@@ -45,8 +45,12 @@ class AbstractStore(ABC):
         device: str,
         budget_s: float | None,
         sizes: dict[str, list[int]] | None = None,
+        world_size: int = 1,
+        rank_models: list[int] | None = None,
     ) -> tuple[Job, bool]:
-        """Queue a tuning job; an unfinished job for the same model and device is reused."""
+        """Queue a tuning job; an unfinished job for the same model, device and ranks is reused.
+
+        A distributed job (`world_size` > 1) names every rank's model, rank 0's first."""
 
     @abstractmethod
     def get_job(self, job_id: int) -> Job: ...
@@ -62,9 +66,14 @@ class AbstractStore(ABC):
 
     @abstractmethod
     def claim_job(
-        self, device: str, worker_id: str, hardware: dict[str, Any], now: datetime | None = None
+        self,
+        device: str,
+        worker_id: str,
+        hardware: dict[str, Any],
+        now: datetime | None = None,
+        ranks: int = 1,
     ) -> Claim | None:
-        """Lease the oldest ready job for `device` to one worker, or None when there is none."""
+        """Lease the oldest ready job for `device` needing at most `ranks` ranks, or None."""
 
     @abstractmethod
     def heartbeat(
@@ -82,8 +91,15 @@ class AbstractStore(ABC):
 
     @abstractmethod
     def complete_job(
-        self, job_id: int, lease_token: str, result: TuningResult, now: datetime | None = None
-    ) -> tuple[Job, StoredConfig]: ...
+        self,
+        job_id: int,
+        lease_token: str,
+        result: TuningResult,
+        now: datetime | None = None,
+        other_ranks: dict[int, TuningResult] | None = None,
+    ) -> tuple[Job, StoredConfig]:
+        """Store the job's config; `other_ranks` (model id -> result): a distributed job's
+        configs for ranks 1.. (their own models), stored in the same transaction."""
 
     @abstractmethod
     def fail_job(

@@ -37,6 +37,8 @@ class Job:
     started_at: datetime | None
     finished_at: datetime | None
     sizes: dict[str, list[int]] | None = None  # sizes to tune dynamic dims at (None: default)
+    world_size: int = 1  # ranks of a distributed job
+    rank_models: list[int] | None = None  # each rank's uploaded program (model ids, rank order)
 
 
 @dataclass(frozen=True)

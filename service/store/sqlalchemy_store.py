@@ -102,20 +102,31 @@ class SqlAlchemyStore(AbstractStore):
         device: str,
         budget_s: float | None,
         sizes: dict[str, list[int]] | None = None,
+        world_size: int = 1,
+        rank_models: list[int] | None = None,
     ) -> tuple[Job, bool]:
         with self._tx(write=True) as s:
             # Locking the model row serialises enqueues per model, so "reuse the active job"
             # cannot race into two jobs on PostgreSQL.
             _get(s, ModelRow, model_id, "model", lock=True)
-            active = s.scalars(
-                select(JobRow)
-                .where(
-                    JobRow.model_id == model_id,
-                    JobRow.device == device,
-                    JobRow.status.in_(ACTIVE),
-                )
-                .order_by(JobRow.id)
-            ).first()
+            # JSON has no equality in PostgreSQL: the (few) active jobs are matched here.
+            active = next(
+                (
+                    j
+                    for j in s.scalars(
+                        select(JobRow)
+                        .where(
+                            JobRow.model_id == model_id,
+                            JobRow.device == device,
+                            JobRow.status.in_(ACTIVE),
+                            JobRow.world_size == world_size,
+                        )
+                        .order_by(JobRow.id)
+                    )
+                    if j.rank_models == rank_models
+                ),
+                None,
+            )
             if active is not None:
                 return _job(active), False
             row = JobRow(
@@ -123,6 +134,8 @@ class SqlAlchemyStore(AbstractStore):
                 device=device,
                 budget_s=budget_s,
                 sizes=sizes,
+                world_size=world_size,
+                rank_models=rank_models,
                 status="queued",
                 attempts=0,
                 max_attempts=self.policy.max_attempts,
@@ -153,7 +166,12 @@ class SqlAlchemyStore(AbstractStore):
             return [_job(r) for r in s.scalars(q)]
 
     def claim_job(
-        self, device: str, worker_id: str, hardware: dict[str, Any], now: datetime | None = None
+        self,
+        device: str,
+        worker_id: str,
+        hardware: dict[str, Any],
+        now: datetime | None = None,
+        ranks: int = 1,
     ) -> Claim | None:
         now = now or utcnow()
         with self._tx(write=True) as s:
@@ -163,6 +181,7 @@ class SqlAlchemyStore(AbstractStore):
                 .where(
                     JobRow.status == "queued",
                     JobRow.device == device,
+                    JobRow.world_size <= ranks,
                     or_(JobRow.not_before.is_(None), JobRow.not_before <= now),
                 )
                 .order_by(JobRow.id)
@@ -208,7 +227,12 @@ class SqlAlchemyStore(AbstractStore):
             return _job(_leased(s, job_id, lease_token, lock=False))
 
     def complete_job(
-        self, job_id: int, lease_token: str, result: TuningResult, now: datetime | None = None
+        self,
+        job_id: int,
+        lease_token: str,
+        result: TuningResult,
+        now: datetime | None = None,
+        other_ranks: dict[int, TuningResult] | None = None,
     ) -> tuple[Job, StoredConfig]:
         now = now or utcnow()
 
@@ -217,6 +241,8 @@ class SqlAlchemyStore(AbstractStore):
                 job = _leased(s, job_id, lease_token)
                 # The model's fingerprint was computed from its upload; a result never changes it.
                 config = self._upsert_config(s, job, result)
+                for model_id, rank_result in (other_ranks or {}).items():
+                    self._upsert_config(s, job, rank_result, model_id)
                 job.status = "succeeded"
                 job.progress = 1.0
                 job.message = "done"
@@ -229,11 +255,14 @@ class SqlAlchemyStore(AbstractStore):
 
         return self._retry_on_conflict(attempt)
 
-    def _upsert_config(self, s: Session, job: JobRow, result: TuningResult) -> TunedConfigRow:
+    def _upsert_config(
+        self, s: Session, job: JobRow, result: TuningResult, model_id: int | None = None
+    ) -> TunedConfigRow:
+        model_id = job.model_id if model_id is None else model_id
         row = s.scalars(
             select(TunedConfigRow)
             .where(
-                TunedConfigRow.model_id == job.model_id,
+                TunedConfigRow.model_id == model_id,
                 TunedConfigRow.device == job.device,
                 TunedConfigRow.hardware_key == result.hardware_key,
             )
@@ -241,7 +270,7 @@ class SqlAlchemyStore(AbstractStore):
         ).first()
         if row is None:
             row = TunedConfigRow(
-                model_id=job.model_id, device=job.device, hardware_key=result.hardware_key
+                model_id=model_id, device=job.device, hardware_key=result.hardware_key
             )
             s.add(row)
         row.job_id = job.id
@@ -398,6 +427,8 @@ def _job(r: JobRow) -> Job:
         started_at=r.started_at,
         finished_at=r.finished_at,
         sizes=r.sizes,
+        world_size=r.world_size,
+        rank_models=r.rank_models,
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from service.core.config import Settings
@@ -101,6 +102,48 @@ def test_a_job_may_name_the_sizes_to_tune_at(client: TestClient, program: Path) 
     assert claimed.json()["job"]["sizes"] == {"batch": [1, 32, 512]}
     plain = upload(client, program, tune="true", device="cuda").json()
     assert plain["job"]["sizes"] is None
+
+
+def test_a_distributed_job_needs_ranks_of_one_structure_and_a_worker_with_enough_ranks(
+    client: TestClient, program: Path, tmp_path: Path
+) -> None:
+    """Issue 13: `world_size` with every rank's upload; claimed only by a worker of >= N ranks."""
+    rank0 = upload(client, program).json()["id"]
+    rank1 = upload(client, variant(program, tmp_path / "rank1.pt2", "rank 1")).json()["id"]
+    other_path = tmp_path / "other.pt2"
+    linear = torch.nn.Linear(8, 4).eval()
+    torch.export.save(torch.export.export(linear, (torch.randn(2, 8),)), other_path)
+    other = upload(client, other_path).json()["id"]
+    jobs = f"/api/v1/models/{rank0}/jobs"
+    refused = {
+        "another structure": {"world_size": 2, "rank_models": [rank0, other]},
+        "too few ranks named": {"world_size": 2, "rank_models": [rank0]},
+        "ranks without world_size": {"rank_models": [rank0, rank1]},
+        "sizes": {"world_size": 2, "rank_models": [rank0, rank1], "sizes": {"batch": [1]}},
+    }
+    for case, body in refused.items():
+        resp = client.post(jobs, json={"device": "cpu", **body})
+        assert resp.status_code == 422, (case, resp.text)
+    assert (
+        "one structure"
+        in client.post(
+            jobs, json={"device": "cpu", "world_size": 2, "rank_models": [rank0, other]}
+        ).json()["detail"]
+    )
+    job = client.post(jobs, json={"device": "cpu", "world_size": 2, "rank_models": [rank0, rank1]})
+    assert job.status_code == 202 and job.json()["world_size"] == 2
+    one = client.post("/api/v1/jobs/claim", json={"worker_id": "w1", "device": "cpu"})
+    assert one.status_code == 204
+    two = client.post("/api/v1/jobs/claim", json={"worker_id": "w2", "device": "cpu", "ranks": 2})
+    assert two.status_code == 200, two.text
+    ranks = two.json()["ranks"]
+    assert [(r["rank"], r["model"]["id"]) for r in ranks] == [(0, rank0), (1, rank1)]
+    assert client.get(ranks[1]["artifact_url"]).content == (tmp_path / "rank1.pt2").read_bytes()
+    # A 1-rank result (no program for rank 1, no distributed report) is refused.
+    files = write_result(tmp_path / "out", program)
+    resp = complete(client, two.json(), files)
+    assert resp.status_code == 422, resp.text
+    assert client.get(f"/api/v1/jobs/{job.json()['id']}").json()["status"] == "running"
 
 
 def test_a_worker_round_trip_serves_config_artifact_and_report(

@@ -187,3 +187,31 @@ def test_other_hardware_gets_its_own_config(store: SqlAlchemyStore) -> None:
     keys = sorted(c.hardware_key for c in store.list_configs())
     assert len(keys) == 2 and "cpu a" in keys[0] and "cpu b" in keys[1]
     assert "cpu a" in store.get_config(model.id, "cpu", keys[0]).summary.hardware_key
+
+
+def test_a_distributed_job_goes_only_to_a_worker_with_enough_ranks(store: SqlAlchemyStore) -> None:
+    ranks = [store.add_model(f"{i:064x}", f"rank{i}", 1)[0].id for i in range(2)]
+    job, created = store.enqueue_job(ranks[0], "cpu", None, world_size=2, rank_models=ranks)
+    assert created and job.world_size == 2 and job.rank_models == ranks
+    same, again = store.enqueue_job(ranks[0], "cpu", None, world_size=2, rank_models=ranks)
+    assert not again and same.id == job.id
+    single, separate = store.enqueue_job(ranks[0], "cpu", None)  # a 1-rank job is another job
+    assert separate and single.world_size == 1 and single.rank_models is None
+    first = store.claim_job("cpu", "one-rank", {}, ranks=1)
+    assert first and first.job.id == single.id  # the older 2-rank job was skipped
+    assert store.claim_job("cpu", "one-rank", {}, ranks=1) is None
+    assert store.claim_job("cpu", "default", {}) is None  # workers that declare nothing: 1 rank
+    two = store.claim_job("cpu", "two-ranks", {}, ranks=2)
+    assert two and two.job.id == job.id and two.job.rank_models == ranks
+
+
+def test_a_distributed_result_stores_a_config_for_every_rank(store: SqlAlchemyStore) -> None:
+    ranks = [store.add_model(f"{i:064x}", f"rank{i}", 1, FINGERPRINT)[0].id for i in range(2)]
+    store.enqueue_job(ranks[0], "cpu", None, world_size=2, rank_models=ranks)
+    claim = store.claim_job("cpu", "w", {}, ranks=4)
+    assert claim
+    rank1 = result(speedup=2.0)
+    store.complete_job(claim.job.id, claim.lease_token, result(), other_ranks={ranks[1]: rank1})
+    assert store.get_config(ranks[0], "cpu").summary.speedup == 1.5
+    assert store.get_config(ranks[1], "cpu").summary.speedup == 2.0
+    assert store.get_config(ranks[1], "cpu").summary.job_id == claim.job.id

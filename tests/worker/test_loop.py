@@ -20,7 +20,7 @@ from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
 from worker.client import Assignment, ServiceClient
 from worker.config import WorkerSettings
-from worker.loop import Worker, result_files
+from worker.loop import Worker, rank_result_files, result_files
 
 
 class RecordingClient(ServiceClient):
@@ -185,3 +185,27 @@ def test_the_tune_command_carries_the_jobs_sizes(tmp_path: Path) -> None:
     cmd = worker.command(sized, tmp_path / "m.pt2", tmp_path)
     given = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--sizes"]
     assert given == ["batch=1,32,512", "seq=128"]
+
+
+def test_a_distributed_job_runs_the_ranks_and_uploads_every_ranks_program(
+    tmp_path: Path,
+) -> None:
+    """`--world-size N` with {rank} patterns; the upload names rank r's program per field."""
+    job = Assignment(1, 1, "cpu", 8.0, "token", 30.0, "0" * 64, 1, "m", "/file", world_size=2)
+    worker = Worker(
+        WorkerSettings(worker_ranks=2), "cpu", HARDWARE, ServiceClient("http://x", None)
+    )
+    cmd = worker.command(job, tmp_path / "input_rank{rank}.pt2", tmp_path)
+    assert cmd[cmd.index("--world-size") + 1] == "2"
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "tuned_rank{rank}.pt2")
+    (tmp_path / "report.json").write_text("{}")
+    (tmp_path / "tuned_rank0.pt2").write_bytes(b"0")
+    with pytest.raises(ValueError, match="program_rank1"):
+        rank_result_files(tmp_path, 2)
+    (tmp_path / "tuned_rank1.pt2").write_bytes(b"1")
+    files = rank_result_files(tmp_path, 2)
+    assert files == {
+        "report": tmp_path / "report.json",
+        "program": tmp_path / "tuned_rank0.pt2",
+        "program_rank1": tmp_path / "tuned_rank1.pt2",
+    }

@@ -183,3 +183,24 @@ def test_requiring_bubblewrap_where_it_is_missing_is_an_error(
         assert choose_sandbox("auto").kind == "none"
     finally:
         bwrap_works.cache_clear()
+
+
+LOOPBACK = """
+import socket
+srv = socket.create_server(("127.0.0.1", 0))
+with socket.create_connection(srv.getsockname(), timeout=5) as c, srv.accept()[0] as peer:
+    c.sendall(b"rank")
+    open("loopback.txt", "wb").write(peer.recv(4))
+"""
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot run on this machine")
+def test_bubblewrap_keeps_loopback_inside_the_sandbox_for_distributed_ranks(
+    tmp_path: Path,
+) -> None:
+    """gloo ranks of one job meet on 127.0.0.1 in the sandbox's own network namespace."""
+    cmd = [sys.executable, "-c", LOOPBACK]
+    sandbox = choose_sandbox("bwrap")
+    result = run_child(cmd, Limits(wall_s=60), tmp_path, lambda p, m: None, sandbox=sandbox)
+    assert result.ok, result.error
+    assert (tmp_path / "loopback.txt").read_bytes() == b"rank"

@@ -36,6 +36,7 @@ from service.api.schemas import (
     Offset,
     UploadOptions,
 )
+from service.distributed import RankModelsError, check_rank_models
 from service.programs import UnloadableProgram, fingerprint_of
 from service.store import ConfigSummary, StoredConfig
 from tuner.errors import ArtifactFormatError, UnsafeArtifactError
@@ -197,8 +198,20 @@ def download_upload(model_id: IdPath, store: StoreDep, artifacts: ArtifactsDep) 
     responses=errors(400, 401, 404, 422),
 )
 def create_job(model_id: IdPath, body: JobCreate, store: StoreDep) -> JobOut:
-    """Queue tuning for a device; an unfinished job for the same device is returned instead."""
-    job, _ = store.enqueue_job(model_id, body.device, body.budget_s, body.sizes)
+    """Queue tuning for a device; an unfinished job for the same device is returned instead.
+
+    `world_size` N > 1 with `rank_models` (N uploads, rank 0 first) queues a distributed job."""
+    rank_models = None
+    if body.world_size > 1 and body.rank_models:
+        models = [store.get_model(i) for i in body.rank_models]
+        try:
+            check_rank_models(model_id, models)
+        except RankModelsError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+        rank_models = body.rank_models
+    job, _ = store.enqueue_job(
+        model_id, body.device, body.budget_s, body.sizes, body.world_size, rank_models
+    )
     return JobOut.of(job)
 
 
@@ -276,6 +289,8 @@ def get_report(
     if not path.is_file():
         raise not_found(f"report {tuned.report_sha256[:12]} is missing from the store")
     report = json.loads(path.read_bytes())
+    # A distributed job's report (every rank's figures) has no config: this rank's goes in.
+    report.setdefault("config", tuned.config)
     base = f"/api/v1/models/{model_id}"
     query = f"device={device}&hardware={quote(tuned.summary.hardware_key)}"
     report["artifacts"] = {

@@ -18,11 +18,22 @@ from service.api.config_cache import ConfigCache
 from service.api.deps import ArtifactsDep, ConfigCacheDep, SettingsDep, StoreDep, WorkerAuth
 from service.api.errors import errors
 from service.api.multipart import StreamedForm, missing_field, read_form
-from service.api.schemas import ClaimIn, ClaimOut, FailIn, HeartbeatIn, IdPath, JobOut, ModelRef
+from service.api.schemas import (
+    MAX_WORLD_SIZE,
+    ClaimIn,
+    ClaimOut,
+    FailIn,
+    HeartbeatIn,
+    IdPath,
+    JobOut,
+    ModelRef,
+    RankProgram,
+)
 from service.artifacts import ArtifactStore, Spool
+from service.distributed import program_field, rank_results
 from service.programs import UnloadableProgram, check_loadable, fingerprint_of
-from service.reports import ReportError, load_report, tuning_result
-from service.store import AbstractStore, Job, StaleLease, TuningResult
+from service.reports import ReportError, load_json_report, load_report, tuning_result
+from service.store import AbstractStore, Job, NotFound, StaleLease, TuningResult
 
 router = APIRouter(tags=["workers"], dependencies=[WorkerAuth])
 
@@ -57,17 +68,26 @@ COMPLETE_BODY = {
     },
 )
 def claim(body: ClaimIn, store: StoreDep) -> ClaimOut | Response:
-    """Lease the oldest ready job for the worker's device; 204 when there is none."""
-    got = store.claim_job(body.device, body.worker_id, body.hardware)
+    """Lease the oldest ready job for the worker's device and ranks; 204 when there is none."""
+    got = store.claim_job(body.device, body.worker_id, body.hardware, ranks=body.ranks)
     if got is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     model = store.get_model(got.job.model_id)
+    ranks = [
+        RankProgram(
+            rank=rank,
+            model=ModelRef.model_validate(store.get_model(i), from_attributes=True),
+            artifact_url=f"/api/v1/models/{i}/file",
+        )
+        for rank, i in enumerate(got.job.rank_models or [])
+    ]
     return ClaimOut(
         job=JobOut.of(got.job),
         lease_token=got.lease_token,
         lease_s=got.lease_s,
         model=ModelRef.model_validate(model, from_attributes=True),
         artifact_url=f"/api/v1/models/{model.id}/file",
+        ranks=ranks,
     )
 
 
@@ -100,15 +120,33 @@ async def complete(
     settings: SettingsDep,
     cache: ConfigCacheDep,
 ) -> JobOut:
-    """Upload report.json, the tuned program and optional AOTI package and traces."""
+    """Upload report.json, the tuned program and optional AOTI package and traces.
+
+    A distributed job (world_size N): its report, `program` (rank 0) and `program_rank1` ..
+    `program_rank{N-1}`; each rank's program becomes the tuned program of that rank's model."""
     cap = int(settings.max_result_mb * MB)
+    # A distributed job uploads one tuned program per rank: more fields, a larger body.
+    # An unknown job is reported after the form is read, as for any job (the lease check).
+    world = min(await run_in_threadpool(_world_size, store, job_id), MAX_WORLD_SIZE)
+    rank_programs = {program_field(r) for r in range(1, world)}
     form = await read_form(
-        request, artifacts, file_fields=RESULT_FILES, max_file_bytes=cap, max_body_bytes=cap + MB
+        request,
+        artifacts,
+        file_fields=RESULT_FILES | rank_programs,
+        max_file_bytes=cap,
+        max_body_bytes=cap * world + MB,
     )
     try:
         return await _complete(job_id, form, store, artifacts, cache)
     finally:
         form.discard()
+
+
+def _world_size(store: AbstractStore, job_id: int) -> int:
+    try:
+        return store.get_job(job_id).world_size
+    except NotFound:
+        return 1
 
 
 def _unprocessable(detail: str) -> HTTPException:
@@ -126,6 +164,8 @@ async def _complete(
     if not token:
         raise missing_field("lease_token")
     leased = await run_in_threadpool(store.check_lease, job_id, token)
+    if leased.world_size > 1:
+        return await _complete_distributed(job_id, token, leased, form, store, artifacts, cache)
     for name in ("report", "program"):
         if name not in form.files:
             raise missing_field(name)
@@ -178,6 +218,50 @@ async def _check_result_fits_job(
             f"the report was measured on {kind or 'no device'!r}, but job {job.id} is for "
             f"{job.device!r}"
         )
+
+
+async def _complete_distributed(
+    job_id: int,
+    token: str,
+    job: Job,
+    form: StreamedForm,
+    store: AbstractStore,
+    artifacts: ArtifactStore,
+    cache: ConfigCache,
+) -> JobOut:
+    """The distributed report and one tuned program per rank; each rank model gets a config."""
+    if "report" not in form.files:
+        raise missing_field("report")
+    models = [await run_in_threadpool(store.get_model, i) for i in job.rank_models or []]
+    fields = {program_field(rank) for rank in range(len(models))}
+    extra = sorted(set(form.files) - fields - {"report"})
+    if extra:
+        raise _unprocessable(f"unexpected files for a {job.world_size}-rank job: {extra}")
+    try:
+        report = load_json_report(form.files["report"].path.read_bytes())
+        results = rank_results(report, job, models, {n: s.sha256 for n, s in form.files.items()})
+        for field in sorted(fields):
+            await run_in_threadpool(check_loadable, form.files[field].path, f"{field}")
+    except (ReportError, UnloadableProgram) as exc:
+        raise _unprocessable(str(exc)) from None
+    kind = str(results[0].hardware.get("device", "")).split(":", 1)[0]
+    if kind != job.device:
+        raise _unprocessable(
+            f"the report was measured on {kind!r}, job {job.id} is for {job.device!r}"
+        )
+    added = _store_all(artifacts, list(form.files.values()))
+    others = {m.id: r for m, r in zip(models[1:], results[1:], strict=True)}
+    try:
+        done, _ = await run_in_threadpool(
+            store.complete_job, job_id, token, results[0], None, others
+        )
+    except StaleLease:
+        for sha in added:
+            artifacts.remove(sha)
+        raise
+    for model, result in zip(models, results, strict=True):
+        cache.invalidate(("fp", result.fingerprint, job.device), ("model", model.id, job.device))
+    return JobOut.of(done)
 
 
 def _store_all(artifacts: ArtifactStore, spools: list[Spool]) -> list[str]:
