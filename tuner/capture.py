@@ -44,6 +44,16 @@ def save_program(program: ExportedProgram, path: Path | str) -> Path:
     return path
 
 
+def on_device(program: ExportedProgram, device: torch.device | str) -> ExportedProgram:
+    """`program` moved, in place, to `device`: weights, constants, sample inputs and every device
+    baked into the graph at export (an attention mask built with `device=cpu`), by torch.export's
+    own pass. `module.to()` would move weights only, and the first such op would mix devices.
+    In place because a deep copy renames placeholders called `input` and breaks the program."""
+    from torch.export.passes import move_to_device_pass
+
+    return move_to_device_pass(program, str(device))
+
+
 def example_inputs(program: ExportedProgram) -> Inputs:
     """The positional sample inputs stored with the program (kwargs are not supported)."""
     stored = program.example_inputs

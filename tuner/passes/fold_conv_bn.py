@@ -71,7 +71,11 @@ def _folded(gm: fx.GraphModule, conv: fx.Node, bn: fx.Node) -> tuple[torch.Tenso
     scale = torch.rsqrt(var.double() + eps)
     if gamma is not None:
         scale = scale * gamma.double()
-    bias = conv_b.double() if conv_b is not None else torch.zeros(out_channels, dtype=torch.float64)
+    bias = (
+        conv_b.double()
+        if conv_b is not None
+        else torch.zeros(out_channels, dtype=torch.float64, device=w.device)
+    )
     bias = (bias - mean.double()) * scale
     if beta is not None:
         bias = bias + beta.double()
