@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.errors import FxtuneError
+from tuner.exit_codes import exit_code_for
 
 
 def tune_distributed_cmd(
@@ -31,7 +32,7 @@ def tune_distributed_cmd(
         result = tune_distributed(model, options, out=out, report=report)
     except FxtuneError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=2) from None
+        raise typer.Exit(code=exit_code_for(exc)) from None
     for site in result["sites"]:
         c = site.get("comparison") or {}
         ci = f"{c['ci_low']:.3f}-{c['ci_high']:.3f}" if c else "-"
