@@ -87,8 +87,8 @@ class TuneOutcome:
     points: list[SizePoint] = field(default_factory=list)  # the sizes tuned at, example first
 
 
-def to_device(x: Any, device: Device | str) -> Any:
-    return x.to(Device.parse(device).torch_device) if isinstance(x, torch.Tensor) else x
+def to_device(x: Any, device: Device) -> Any:
+    return x.to(device.torch_device) if isinstance(x, torch.Tensor) else x
 
 
 def _first_tensor_outputs(out: Any) -> list[torch.Tensor]:

@@ -127,7 +127,7 @@ def _relu_program() -> torch.export.ExportedProgram:
     return export_module(ReluNet().eval(), (torch.randn(256, 64),))
 
 
-@pytest.mark.parametrize("text", ["[1, 2]", '{"k": 3}', "null", "{"])
+@pytest.mark.parametrize("text", ["[1, 2]", '{"k": 3}', "null"])
 def test_a_cache_file_of_another_shape_is_ignored(tmp_path: Path, text: str) -> None:
     path = tmp_path / "decisions.json"
     path.write_text(text)

@@ -224,11 +224,12 @@ def test_a_missing_device_hands_the_job_back_and_stops_the_worker(
     url, _ = server
     model = submit(url, program)
     worker = make_worker(url, "exit_4", monkeypatch)
-    worker.run()  # not --once: only the stop ends it
+    worker.run(once=True)
     job = job_of(url, model["job"]["id"])
     assert job["status"] == "queued" and job["attempts"] == 1
     assert worker.device_lost == "error: exiting exit_4"
     assert worker.id in job["error"]
+    assert worker.run() == 0  # stopped: claims nothing more, even without --once
 
 
 def test_a_worker_without_its_device_exits_4(monkeypatch: pytest.MonkeyPatch) -> None:
