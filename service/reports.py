@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from service.store import Profile, TuningResult
 from tuner.config import TunedConfig
+from tuner.errors import UnsupportedDeviceError
 from tuner.hardware import hardware_key
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024
@@ -61,6 +62,8 @@ def tuning_result(report: dict[str, Any], digests: dict[str, str]) -> TuningResu
         key = hardware_key(config.hardware)
     except KeyError as exc:
         raise ReportError(f"config hardware lacks {exc}") from None
+    except UnsupportedDeviceError as exc:
+        raise ReportError(f"config hardware: {exc}") from None
     return TuningResult(
         config=raw,
         fingerprint=config.model_fingerprint,

@@ -12,6 +12,8 @@ import torch
 from torch import fx
 from torch.export import ExportedProgram
 
+from tuner.device import Device
+
 Runner = Callable[..., Any]
 
 
@@ -59,9 +61,8 @@ BACKENDS: dict[str, Callable[[fx.GraphModule, tuple, Path], Built]] = {
 }
 
 
-def available_backends(device: str) -> list[str]:
-    kind = device.split(":")[0]
-    if kind == "xla":
+def available_backends(device: Device) -> list[str]:
+    if device.kind == "xla":
         return ["xla"] if xla_available() else []
     return ["eager", "inductor"]
 

@@ -19,9 +19,12 @@ class DecisionCache:
         self._entries: dict[str, dict[str, Any]] = {}
         if path is not None and path.exists():
             try:
-                self._entries = json.loads(path.read_text())
+                entries = json.loads(path.read_text())
             except (OSError, ValueError):
-                self._entries = {}  # a corrupt cache only costs re-measuring
+                entries = {}  # a corrupt cache only costs re-measuring
+            # Another fxtune's (or torch's) cache may hold anything: keep only what can be an entry.
+            if isinstance(entries, dict):
+                self._entries = {k: v for k, v in entries.items() if isinstance(v, dict)}
         self.hits = 0
 
     @staticmethod

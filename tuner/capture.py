@@ -20,6 +20,7 @@ from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
+from tuner.errors import InputError
 from tuner.shapes import (
     SPEC_KEY,
     check_still_dynamic,
@@ -58,10 +59,10 @@ def example_inputs(program: ExportedProgram) -> Inputs:
     """The positional sample inputs stored with the program (kwargs are not supported)."""
     stored = program.example_inputs
     if stored is None:
-        raise ValueError("the program carries no example inputs; export it with sample inputs")
+        raise InputError("the program carries no example inputs; export it with sample inputs")
     args, kwargs = stored
     if kwargs:
-        raise ValueError("programs with keyword inputs are not supported; pass inputs by position")
+        raise InputError("programs with keyword inputs are not supported; pass inputs by position")
     return tuple(args)
 
 

@@ -9,18 +9,26 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.errors import FxtuneError
+from tuner.device import KINDS, Device
+from tuner.errors import FxtuneError, InputError, NoConfigError
+from tuner.exit_codes import exit_code_for
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 console = Console()
 err = Console(stderr=True)
 
 ModelArg = Annotated[Path, typer.Argument(help="A torch.export program saved as .pt2")]
+DeviceOpt = Annotated[
+    Device,
+    typer.Option(parser=Device.parse, metavar="DEVICE", help=f"{', '.join(KINDS)}; e.g. cuda:1"),
+]
 
 
-def fail(exc: Exception) -> typer.Exit:
+def fail(exc: FxtuneError) -> typer.Exit:
+    """The message, and the exit code for the error's type (tuner.exit_codes); only the tuner's
+    own errors are caught: anything else is a bug and exits INTERNAL (1) with its traceback."""
     err.print(f"[red]error:[/red] {exc}")
-    return typer.Exit(code=2)
+    return typer.Exit(code=exit_code_for(exc))
 
 
 @app.command("passes")
@@ -117,7 +125,7 @@ def tune_cmd(
     model: ModelArg,
     out: Annotated[Path, typer.Option(help="Where to write the tuned .pt2")],
     report: Annotated[Path, typer.Option(help="Where to write the JSON report")],
-    device: Annotated[str, typer.Option(help="cpu, cuda or xla")] = "cpu",
+    device: DeviceOpt = "cpu",
     budget_s: Annotated[float, typer.Option("--budget-s", help="Total tuning time budget")] = 120,
     backend: Annotated[
         list[str] | None, typer.Option(help="Backends to consider (repeatable); default all")
@@ -153,17 +161,19 @@ def tune_cmd(
         from tuner.distributed_cli import tune_distributed_cmd
 
         if sizes:
-            raise fail(ValueError("--sizes is not supported with --world-size (yet)"))
+            raise fail(InputError("--sizes is not supported with --world-size (yet)"))
 
         tune_distributed_cmd(model, out, report, world_size, budget_s, threads, console)
         return
     from tuner.load import load_program
+    from tuner.measure import require_timing
     from tuner.outputs import write_outputs
     from tuner.sizes import parse_sizes
     from tuner.tune import TuneOptions, tune_program
 
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
     try:
+        require_timing(device)  # a missing device fails before the model is even read
         program = load_program(model)
         options = TuneOptions(
             device=device,
@@ -176,7 +186,7 @@ def tune_cmd(
         with _progress_printer(progress_json) as say:
             outcome = tune_program(program, options, say)
             write_outputs(outcome, out, report, profile=not no_profile, progress=say)
-    except (FxtuneError, ValueError) as exc:
+    except FxtuneError as exc:
         raise fail(exc) from None
     cfg = outcome.config
     table = Table("candidate", "backend", "speedup", "95% interval", "verdict")
@@ -205,7 +215,7 @@ def tune_cmd(
 @app.command("profile")
 def profile_cmd(
     model: ModelArg,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    device: DeviceOpt = "cpu",
     iterations: Annotated[int, typer.Option(min=1, help="Profiled iterations")] = 20,
     trace: Annotated[
         Path | None, typer.Option(help="Write the chrome trace here (opens in Perfetto)")
@@ -214,18 +224,19 @@ def profile_cmd(
     """Profile MODEL on its example inputs: time by op category, ops, kernels, overhead, memory."""
     from tuner.capture import example_inputs
     from tuner.load import load_program
-    from tuner.profile import check_device, profile_callable
+    from tuner.profile import profile_callable, profileable
     from tuner.profiling.report import breakdown_table, figure_lines, top_ops_table
 
     try:
-        check_device(device)
+        profileable(device)
         program = load_program(model)
-        inputs = [x.to(device) if hasattr(x, "to") else x for x in example_inputs(program)]
-        module = program.module().to(device)
+        on = device.torch_device
+        inputs = [x.to(on) if hasattr(x, "to") else x for x in example_inputs(program)]
+        module = program.module().to(on)
         summary = profile_callable(
             lambda: module(*inputs), device=device, iterations=iterations, trace_path=trace
         )
-    except (FxtuneError, ValueError) as exc:
+    except FxtuneError as exc:
         raise fail(exc) from None
     console.print(breakdown_table(summary))
     console.print(top_ops_table(summary))
@@ -243,7 +254,7 @@ def fetch_cmd(
         ),
     ],
     server: Annotated[str, typer.Option(help="The fxtune service URL", envvar="FXTUNE_SERVER")],
-    device: Annotated[str, typer.Option(help="cpu, cuda or xla")] = "cpu",
+    device: DeviceOpt = "cpu",
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the config here (default: stdout)")
     ] = None,
@@ -266,15 +277,15 @@ def fetch_cmd(
 
         try:
             fingerprint = model_fingerprint(load_program(target))
-        except (FxtuneError, ValueError) as exc:
+        except FxtuneError as exc:
             raise fail(exc) from None
     else:
-        raise fail(ValueError(f"{target!r} is neither a fingerprint (hex) nor a .pt2 file"))
+        raise fail(InputError(f"{target!r} is neither a fingerprint (hex) nor a .pt2 file"))
     config, source = fetch_config(
         fingerprint, server=server, device=device, timeout=timeout, token=token, use_cache=False
     )
     if config is None:
-        raise fail(LookupError(source))
+        raise fail(NoConfigError(source))
     text = json.dumps(config, indent=2)
     if out is None:
         print(text)

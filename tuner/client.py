@@ -27,6 +27,7 @@ from torch.export import ExportedProgram
 
 from tuner.apply import Transformed
 from tuner.config import READABLE_VERSIONS, SCHEMA_VERSION, TunedConfig, apply_config
+from tuner.device import Device
 from tuner.fingerprint import model_fingerprint
 from tuner.shapes import ShapeMismatch, ShapeSpec, spec_of
 
@@ -86,11 +87,6 @@ class CheckedInputs(nn.Module):
         return self.tuned(*args)
 
 
-def device_kind(device: str) -> str:
-    """What the service files configs under: "cuda" for "cuda:1"."""
-    return device.split(":", 1)[0]
-
-
 def checked_config(raw: Any, fingerprint: str) -> TunedConfig:
     """The config, or ValueError saying why it must not be applied to this model."""
     try:
@@ -121,11 +117,11 @@ class ConfigCache:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def _path(self, fingerprint: str, device: str) -> Path:
-        return self.root / f"{fingerprint}-{device_kind(device)}.json"
+    def _path(self, fingerprint: str, kind: str) -> Path:
+        return self.root / f"{fingerprint}-{kind}.json"
 
-    def load(self, fingerprint: str, device: str) -> tuple[str | None, dict[str, Any] | None]:
-        path = self._path(fingerprint, device)
+    def load(self, fingerprint: str, kind: str) -> tuple[str | None, dict[str, Any] | None]:
+        path = self._path(fingerprint, kind)
         try:
             doc = json.loads(path.read_text())
             config = doc["config"]
@@ -137,8 +133,8 @@ class ConfigCache:
             log.info("fxtune: ignoring the cached config %s: %s", path, exc)
             return None, None
 
-    def save(self, fingerprint: str, device: str, etag: str | None, config: dict) -> None:
-        path = self._path(fingerprint, device)
+    def save(self, fingerprint: str, kind: str, etag: str | None, config: dict) -> None:
+        path = self._path(fingerprint, kind)
         tmp: str | None = None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -152,9 +148,9 @@ class ConfigCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
 
-    def forget(self, fingerprint: str, device: str) -> None:
+    def forget(self, fingerprint: str, kind: str) -> None:
         with contextlib.suppress(OSError):
-            self._path(fingerprint, device).unlink(missing_ok=True)
+            self._path(fingerprint, kind).unlink(missing_ok=True)
 
 
 def _get(
@@ -198,7 +194,7 @@ def fetch_config(
     fingerprint: str,
     *,
     server: str,
-    device: str = "cpu",
+    device: Device | str = "cpu",
     cache_dir: Path | None = None,
     timeout: float = 5.0,
     token: str | None = None,
@@ -210,7 +206,7 @@ def fetch_config(
 
     Raises nothing for network or server trouble.
     """
-    kind = device_kind(device)
+    kind = Device.parse(device).kind  # the service files configs per kind: "cuda" for "cuda:1"
     cache = ConfigCache(cache_dir or DEFAULT_CACHE) if use_cache else None
     etag, cached = cache.load(fingerprint, kind) if cache else (None, None)
     headers = {"If-None-Match": etag} if etag and cached is not None else {}
@@ -256,7 +252,7 @@ def _as_program(program_or_module: Any, example_inputs: tuple | None) -> Exporte
     )
 
 
-def _untuned(program_or_module: Any, program: ExportedProgram | None, device: str) -> nn.Module:
+def _untuned(program_or_module: Any, program: ExportedProgram | None, device: Device) -> nn.Module:
     """What the caller would have run without fxtune."""
     if isinstance(program_or_module, nn.Module):
         return program_or_module
@@ -264,7 +260,7 @@ def _untuned(program_or_module: Any, program: ExportedProgram | None, device: st
         raise TypeError(f"cannot run a {type(program_or_module).__name__} as a model")
     module = program.module()
     with contextlib.suppress(Exception):
-        module = module.to(device)
+        module = module.to(device.torch_device)
     return module
 
 
@@ -278,20 +274,23 @@ def _check_replayed(config: TunedConfig, tuned: Transformed) -> None:
         raise LookupError(f"the config's sites {names} are not in this model")
 
 
-def _compiled(module: nn.Module, program: ExportedProgram, device: str) -> nn.Module:
+def _compiled(module: nn.Module, program: ExportedProgram, device: Device) -> nn.Module:
     """torch.compile is lazy: compile now, on the sample inputs, so a failure shows here
     (where it can fall back) and not at the deployment's first request."""
     from tuner.capture import example_inputs
 
     compiled = torch.compile(module)
-    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs(program)]
+    inputs = [
+        x.to(device.torch_device) if isinstance(x, torch.Tensor) else x
+        for x in example_inputs(program)
+    ]
     with torch.no_grad():
         compiled(*inputs)
     return compiled
 
 
 def _tuned(
-    program: ExportedProgram, device: str, compile: bool, **fetch: Any
+    program: ExportedProgram, device: Device, compile: bool, **fetch: Any
 ) -> tuple[nn.Module, list[str]]:
     """The tuned module and what the caller should be warned about; raises on any failure."""
     fingerprint = model_fingerprint(program)
@@ -305,7 +304,7 @@ def _tuned(
     spec = spec_of(tuned.gm)
     if spec is None:
         raise LookupError("the replayed module lost the program's input shapes")
-    tuned.gm.to(device)
+    tuned.gm.to(device.torch_device)
     module: nn.Module = PackedInputs(tuned) if tuned.packers else tuned.gm
     notes: list[str] = []
     if source.startswith("cache: "):
@@ -325,7 +324,7 @@ def load_tuned(
     program_or_module: ExportedProgram | nn.Module | str | Path,
     *,
     server: str,
-    device: str = "cpu",
+    device: Device | str = "cpu",
     example_inputs: tuple | None = None,
     cache_dir: Path | None = None,
     timeout: float = 5.0,
@@ -342,6 +341,7 @@ def load_tuned(
     inputs (`PackedInputs`). A .pt2 path is loaded with fxtune's restricted loader; a file it
     refuses raises (there is no model to fall back to).
     """
+    device = Device.parse(device)  # a malformed device is the caller's bug: no silent fallback
     if token is None:
         token = os.environ.get("FXTUNE_API_TOKEN") or None
     program: ExportedProgram | None = None

@@ -34,15 +34,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tuner.errors import FxtuneError
+from tuner.errors import RankFailedError
 
 _PR_SET_PDEATHSIG = 1
 _GRACE_S = 3.0
 _SETTLE_S = 1.0
-
-
-class RankFailedError(FxtuneError):
-    """A rank raised, died or overran the job deadline; the other ranks were stopped."""
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.errors import FxtuneError
-
-# A rank that raised, died or overran (`RankFailedError`) exits 1, so a worker retries the job: a
-# lost rank (memory, a signal, a timeout) cannot be told from outside from a bad program, and the
-# service checked every rank's upload with the safe loader already. Errors found before the ranks
-# start (a missing program) are the caller's: 2, as for every `fxtune tune` refusal.
-RANK_FAILED_EXIT = 1
-USER_ERROR_EXIT = 2
+from tuner.exit_codes import ExitCode, exit_code_for
 
 
 def tune_distributed_cmd(
@@ -28,13 +22,12 @@ def tune_distributed_cmd(
     console: Console,
 ) -> None:
     """Spawn the ranks, tune in lockstep, print the decision and figure 5 per rank."""
-    from tuner.distributed import RankFailedError
     from tuner.distributed_tune import DistributedTuneOptions, rank_path, tune_distributed
 
     missing = [str(p) for r in range(world_size) if not (p := rank_path(model, r)).is_file()]
     if missing:
         Console(stderr=True).print(f"[red]error:[/red] no program for rank(s): {missing}")
-        raise typer.Exit(code=USER_ERROR_EXIT)
+        raise typer.Exit(code=ExitCode.USER_INPUT)
     # Timing budget per comparison: a quarter of the total (the rest: spawn, checks, profile).
     # The whole job may take its budget twice over (spawn, checks, profile) before it is killed.
     options = DistributedTuneOptions(
@@ -43,12 +36,14 @@ def tune_distributed_cmd(
         threads=threads or 1,
         job_timeout_s=max(DistributedTuneOptions.job_timeout_s, 2 * budget_s),
     )
+    # A rank that raised, died or overran (`RankFailedError`) exits 1 (tuner.exit_codes), so a
+    # worker retries: a lost rank cannot be told from outside from a bad program, and the service
+    # checked every rank's upload with the safe loader already.
     try:
         result = tune_distributed(model, options, out=out, report=report)
     except FxtuneError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
-        code = RANK_FAILED_EXIT if isinstance(exc, RankFailedError) else USER_ERROR_EXIT
-        raise typer.Exit(code=code) from None
+        raise typer.Exit(code=exit_code_for(exc)) from None
     for site in result["sites"]:
         c = site.get("comparison") or {}
         ci = f"{c['ci_low']:.3f}-{c['ci_high']:.3f}" if c else "-"

@@ -19,3 +19,26 @@ class PassError(FxtuneError):
 
 class LoaderUnavailableError(FxtuneError):
     """This torch lacks what the safe loader needs, so it refuses to load rather than fall back."""
+
+
+class UnsupportedDeviceError(FxtuneError, ValueError):
+    """The device string names no device kind fxtune can tune on, or is malformed.
+
+    Also a ValueError, so argument parsers (typer, pydantic) report it as bad input.
+    """
+
+
+class DeviceUnavailableError(FxtuneError):
+    """The device is a supported kind, but this machine (or this torch) does not have it."""
+
+
+class InputError(FxtuneError, ValueError):
+    """What the user gave (sizes, a program without example inputs) cannot be used as given."""
+
+
+class RankFailedError(FxtuneError):
+    """A rank raised, died or overran the job deadline; the other ranks were stopped."""
+
+
+class NoConfigError(FxtuneError):
+    """The service has no tuned config for this model and device (`fxtune fetch`)."""

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from tuner.device import Device
+
 
 def _cpu_name() -> str:
     cpuinfo = Path("/proc/cpuinfo")
@@ -18,16 +20,16 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def describe(device: str) -> dict[str, Any]:
-    kind = torch.device(device).type
-    if kind == "cuda":
-        name = torch.cuda.get_device_name(torch.device(device))
-    elif kind == "xla":
+def describe(device: Device) -> dict[str, Any]:
+    """What `device` is; "device" keeps the index ("cuda:1") so later steps use the same one."""
+    if device.kind == "cuda":
+        name = torch.cuda.get_device_name(device.torch_device)
+    elif device.kind == "xla":
         name = "xla"
     else:
         name = _cpu_name()
     return {
-        "device": kind,
+        "device": str(device),
         "name": name,
         "torch": torch.__version__.split("+")[0],
         "threads": torch.get_num_threads(),
@@ -35,22 +37,6 @@ def describe(device: str) -> dict[str, Any]:
 
 
 def hardware_key(hw: dict[str, Any]) -> str:
-    return f"{hw['device']}|{hw['name']}|torch{hw['torch']}|t{hw['threads']}"
-
-
-def check_device(device: str) -> str:
-    """Validate a device name early, with a message that says what is available."""
-    kind = device.split(":")[0]
-    if kind == "cpu":
-        return device
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but no CUDA GPU is available here")
-        return device
-    if kind == "xla":
-        try:
-            import torch_xla  # noqa: F401
-        except ImportError:
-            raise ValueError("device 'xla' requested but torch_xla is not installed") from None
-        return device
-    raise ValueError(f"unknown device {device!r}; use cpu, cuda or xla")
+    """The kind, not the index: decisions measured on one GPU hold on an identical one."""
+    kind = Device.parse(hw["device"]).kind
+    return f"{kind}|{hw['name']}|torch{hw['torch']}|t{hw['threads']}"

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from tuner.errors import FxtuneError
+from tuner.device import Device
+from tuner.errors import DeviceUnavailableError
 
 MIN_SAMPLE_S = 2e-3
 # How many times the reference's own error (spread, distance from float64) a candidate may add.
@@ -48,10 +49,6 @@ NOISE_FACTOR = 3.0
 MAX_FLOAT64_BYTES = 2 << 30
 
 Timer = Callable[[Callable[[], Any], int], float]
-
-
-class DeviceUnavailableError(FxtuneError):
-    """Timing was asked for on a device this machine does not have."""
 
 
 @dataclass
@@ -151,23 +148,40 @@ def _cuda_timer() -> Timer:
     return timer
 
 
-def _timing_setup(
-    device: str, threads: int | None
-) -> tuple[Timer, AbstractContextManager[Any], int | None]:
-    """The timer, the context to time in, and the pinned thread count (CPU only)."""
-    kind = torch.device(device)
-    if kind.type == "cpu":
-        count = threads if threads is not None else torch.get_num_threads()
-        return _cpu_timer, fixed_threads(count), count
-    if kind.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceUnavailableError(
-                f"timing on {device!r} was requested but torch.cuda.is_available() is False "
-                "(no CUDA device or a CPU-only torch build)"
-            )
-        ctx = torch.cuda.device(kind.index) if kind.index is not None else nullcontext()
-        return _cuda_timer(), ctx, None
-    raise DeviceUnavailableError(f"timing on device type {kind.type!r} is not supported")
+TimingSetup = tuple[Timer, AbstractContextManager[Any], int | None]
+
+
+def _cpu_setup(device: Device, threads: int | None) -> TimingSetup:
+    count = threads if threads is not None else torch.get_num_threads()
+    return _cpu_timer, fixed_threads(count), count
+
+
+def _cuda_setup(device: Device, threads: int | None) -> TimingSetup:
+    ctx = torch.cuda.device(device.index) if device.index is not None else nullcontext()
+    return _cuda_timer(), ctx, None
+
+
+# Per device kind: the timer, the context to time in, and the pinned thread count (CPU only).
+# A kind of tuner.device.KINDS missing here cannot be timed (refused before anything runs).
+TIMING_SETUPS: dict[str, Callable[[Device, int | None], TimingSetup]] = {
+    "cpu": _cpu_setup,
+    "cuda": _cuda_setup,
+}
+
+
+def require_timing(device: Device) -> Device:
+    """The device, if it is here and fxtune can time on it; checked before a run starts."""
+    device.require_available()
+    if device.kind not in TIMING_SETUPS:
+        raise DeviceUnavailableError(
+            f"timing on {device.kind!r} is not supported (fxtune times on "
+            f"{', '.join(TIMING_SETUPS)})"
+        )
+    return device
+
+
+def _timing_setup(device: Device, threads: int | None) -> TimingSetup:
+    return TIMING_SETUPS[device.kind](require_timing(device), threads)
 
 
 def _per_call_s(timer: Timer, fn: Callable[[], Any], target_s: float) -> float:
@@ -277,7 +291,7 @@ def compare(
     baseline: Callable[[], Any],
     candidate: Callable[[], Any],
     *,
-    device: str = "cpu",
+    device: Device | str = "cpu",
     budget_s: float = 2.0,
     warmup: int = 3,
     min_rounds: int = 8,
@@ -297,6 +311,7 @@ def compare(
     min_rounds), else "budget" or "max_rounds". With fewer rounds than the confidence level
     needs (6 at 95 %), the interval is (0, inf) and the verdict 'within noise'.
     """
+    device = Device.parse(device)
     timer, timing_ctx, pinned = _timing_setup(device, threads)
     deadline = time.perf_counter() + budget_s
     order = random.Random(seed)
@@ -330,7 +345,7 @@ def compare(
                 )
     speedup, low, high = summarise(base, cand, confidence)
     return Comparison(
-        base, cand, speedup, low, high, len(base), stopped, inner, confidence, device, pinned
+        base, cand, speedup, low, high, len(base), stopped, inner, confidence, str(device), pinned
     )
 
 
@@ -338,7 +353,7 @@ def _warm_up(
     baseline: Callable[[], Any],
     candidate: Callable[[], Any],
     calls: int,
-    device: str,
+    device: Device,
     until: float,
 ) -> None:
     """First calls pay for allocation, lazy init and autotuning: not the steady state."""
@@ -347,8 +362,8 @@ def _warm_up(
             break
         baseline()
         candidate()
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    if device.kind == "cuda":
+        torch.cuda.synchronize(device.torch_device)
 
 
 # ---------------------------------------------------------------------------- outputs

@@ -11,6 +11,7 @@ import torch
 
 from tuner import backends
 from tuner.capture import example_inputs, save_program, to_program
+from tuner.device import Device
 from tuner.tune import TuneOutcome, output_errors, to_device
 
 
@@ -24,7 +25,7 @@ def write_outputs(
 ) -> dict[str, Any]:
     say = progress or (lambda _f, _m: None)
     config = outcome.config
-    device = config.hardware["device"]
+    device = Device.parse(config.hardware["device"])  # with its index: cuda:1 stays cuda:1
     replay = outcome.tuned  # the config replayed on the original, verified by the tuner
     inputs = tuple(to_device(x, device) for x in replay.inputs)
     say(0.92, "exporting tuned program")
@@ -38,7 +39,7 @@ def write_outputs(
         else:
             backends.package_aoti(torch.export.load(out), aoti)
         packaged = backends.load_aoti(aoti)
-        original = outcome.original.module().to(device)
+        original = outcome.original.module().to(device.torch_device)
         originals = tuple(to_device(x, device) for x in example_inputs(outcome.original))
         # The package is checked at every size tuned at, not only the example's.
         trials = [originals] + [
@@ -52,7 +53,7 @@ def write_outputs(
         from tuner.profile import profile_callable
 
         say(0.97, "profiling baseline and tuned")
-        base_mod = outcome.original.module().to(device)
+        base_mod = outcome.original.module().to(device.torch_device)
         base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
         tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
         for name, fn in (

@@ -13,6 +13,7 @@ each other, and take speedups from `measure`, not from here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from tuner.device import Device
 from tuner.errors import FxtuneError
 from tuner.profiling.analysis import (
     ITERATION,
@@ -43,17 +45,20 @@ __all__ = [
     "ProfileSummary",
     "breakdown_frame",
     "category_of",
-    "check_device",
     "events_frame",
     "profile_callable",
 ]
 
 TOP_OPS = 15
-DEVICES = ("cpu", "cuda")
+# Kinds of tuner.device.KINDS that can be profiled (the profiler has no XLA activity).
+PROFILED_KINDS = ("cpu", "cuda")
 
 
 class ProfileError(FxtuneError):
-    """The profile cannot be taken as asked (unknown device, no CUDA, bad iteration count)."""
+    """The profile cannot be taken as asked (a device kind it cannot profile, bad iteration count).
+
+    A malformed or absent device raises tuner.errors' device errors instead.
+    """
 
 
 @dataclass
@@ -105,26 +110,27 @@ class ProfileSummary:
         return next((m[len(prefix) :] for m in self.missing if m.startswith(prefix)), None)
 
 
-def check_device(device: str) -> None:
-    """Refuse a device this process cannot profile on, before anything is moved there."""
-    if device not in DEVICES:
-        raise ProfileError(f"unknown device {device!r}; profiles are taken on {DEVICES}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ProfileError("device 'cuda' asked for, but torch.cuda.is_available() is False")
+def profileable(device: Device | str) -> Device:
+    """The device, if it can be profiled here; checked before anything is moved there."""
+    device = Device.parse(device)
+    if device.kind not in PROFILED_KINDS:
+        raise ProfileError(
+            f"cannot profile on {device.kind!r}; profiles are taken on {PROFILED_KINDS}"
+        )
+    return device.require_available()
 
 
-def _check(device: str, iterations: int, warmup: int) -> None:
-    check_device(device)
+def _check(device: Device, iterations: int, warmup: int) -> None:
     if iterations < 1 or warmup < 0:
         raise ProfileError("iterations must be >= 1 and warmup >= 0")
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def _sync(device: Device) -> None:
+    if device.kind == "cuda":
+        torch.cuda.synchronize(device.torch_device)
 
 
-def _count_ops(fn: Callable[[], Any], device: str, missing: list[str]) -> float | None:
+def _count_ops(fn: Callable[[], Any], device: Device, missing: list[str]) -> float | None:
     try:
         counts = count_dispatched_ops(fn)
     except Exception as exc:  # a callable the mode cannot run through: record it, keep profiling
@@ -135,11 +141,11 @@ def _count_ops(fn: Callable[[], Any], device: str, missing: list[str]) -> float 
     return float(sum(counts.values()))
 
 
-def _record(fn: Callable[[], Any], device: str, iterations: int) -> profile:
+def _record(fn: Callable[[], Any], device: Device, iterations: int) -> profile:
     activities = [ProfilerActivity.CPU]
-    if device == "cuda":
+    if device.kind == "cuda":
         activities.append(ProfilerActivity.CUDA)
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats(device.torch_device)
     with profile(activities=activities, profile_memory=True) as prof:
         for _ in range(iterations):
             with record_function(ITERATION):
@@ -151,7 +157,7 @@ def _record(fn: Callable[[], Any], device: str, iterations: int) -> profile:
 def profile_callable(
     fn: Callable[[], Any],
     *,
-    device: str = "cpu",
+    device: Device | str = "cpu",
     iterations: int = 20,
     warmup: int = 3,
     trace_path: Path | None = None,
@@ -161,24 +167,28 @@ def profile_callable(
     `fn` must already be on `device`. One extra unprofiled call counts the dispatched ops. With
     `trace_path`, the chrome trace is written there (opens in Perfetto or chrome://tracing).
     """
+    device = profileable(device)
     _check(device, iterations, warmup)
     missing: list[str] = []
-    with torch.no_grad():
-        for _ in range(warmup):
-            fn()
-        _sync(device)
-        ops_per_iter = _count_ops(fn, device, missing)
-        prof = _record(fn, device, iterations)
-    if trace_path is not None:
-        Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace_path))
-    raw = kineto_frame(prof)
-    windows = iteration_windows(raw)
-    wall = float((windows["end_us"] - windows["start_us"]).mean())
-    summarize = _summarize_cuda if device == "cuda" else _summarize_cpu
-    figures = summarize(raw, op_frame(prof), iterations, wall, missing)
+    # The memory peak is read from torch's current CUDA device: make it the one profiled.
+    current = torch.cuda.device(device.index) if device.index is not None else nullcontext()
+    with current:
+        with torch.no_grad():
+            for _ in range(warmup):
+                fn()
+            _sync(device)
+            ops_per_iter = _count_ops(fn, device, missing)
+            prof = _record(fn, device, iterations)
+        if trace_path is not None:
+            Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace_path))
+        raw = kineto_frame(prof)
+        windows = iteration_windows(raw)
+        wall = float((windows["end_us"] - windows["start_us"]).mean())
+        summarize = _summarize_cuda if device.kind == "cuda" else _summarize_cpu
+        figures = summarize(raw, op_frame(prof), iterations, wall, missing)
     return ProfileSummary(
-        device=device,
+        device=str(device),
         iterations=iterations,
         ops_per_iter=ops_per_iter,
         wall_us_per_iter=wall,

@@ -21,6 +21,7 @@ from tuner.apply import apply_steps, cleanup
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, refresh_meta
 from tuner.config import PassStep, Refusal, SiteDecision
+from tuner.device import CPU, Device
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
 from tuner.passes import get_pass, pass_names
@@ -33,7 +34,7 @@ Progress = Callable[[float, str], None]
 
 @dataclass
 class SearchSettings:
-    device: str = "cpu"
+    device: Device = CPU
     hardware_key: str = ""
     backend: str = "eager"
     deadline: float = float("inf")  # time.monotonic() after which nothing new is measured

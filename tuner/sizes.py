@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from tuner.errors import InputError
 from tuner.shapes import ShapeSpec
 
 Sizes = dict[str, list[int]]
@@ -44,13 +45,13 @@ def parse_sizes(text: str | Sequence[str] | None) -> Sizes:
             continue
         name, eq, values = part.partition("=")
         if not eq or not name.strip():
-            raise ValueError(f"sizes must look like name=1,32,512, not {part!r}")
+            raise InputError(f"sizes must look like name=1,32,512, not {part!r}")
         try:
             sizes = [int(v) for v in values.split(",") if v.strip()]
         except ValueError:
-            raise ValueError(f"sizes for {name.strip()} must be integers: {values!r}") from None
+            raise InputError(f"sizes for {name.strip()} must be integers: {values!r}") from None
         if not sizes or any(s < 0 for s in sizes):
-            raise ValueError(f"sizes for {name.strip()} must be non-negative integers")
+            raise InputError(f"sizes for {name.strip()} must be non-negative integers")
         out[name.strip()] = sorted(set(sizes))
     return out
 
@@ -137,7 +138,7 @@ def size_points(
         try:
             dim = spec.dim(name)
         except KeyError as exc:
-            raise ValueError(str(exc.args[0])) from None
+            raise InputError(str(exc.args[0])) from None
         for v in values:
             if not dim.contains(v):
                 skipped.append(f"{dim.name}={v}: outside the program's range ({dim.describe()})")

@@ -33,9 +33,10 @@ from tuner.config import (
     steps_of,
     timing_fields,
 )
+from tuner.device import CPU, Device
 from tuner.fingerprint import graph_fingerprint
-from tuner.hardware import check_device, describe, hardware_key
-from tuner.measure import check_outputs, compare, fresh_inputs, verdict
+from tuner.hardware import describe, hardware_key
+from tuner.measure import check_outputs, compare, fresh_inputs, require_timing, verdict
 from tuner.passes import pass_names
 from tuner.search import Progress, SearchSettings, SiteSearch
 from tuner.shapes import spec_of
@@ -45,7 +46,7 @@ from tuner.sizes import SizePoint, size_points
 
 @dataclass
 class TuneOptions:
-    device: str = "cpu"
+    device: Device | str = CPU  # parsed in __post_init__: the run sees only a Device
     budget_s: float = 120.0
     epsilon: float = 0.02
     backends: list[str] | None = None  # default: every backend available for the device
@@ -60,6 +61,9 @@ class TuneOptions:
     # Sizes to tune a dynamic program at, per dynamic dim ({"batch": [1, 32, 512]}); None:
     # each dim's minimum, the example and a large value (tuner.sizes.default_sizes).
     sizes: dict[str, list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        self.device = Device.parse(self.device)
 
 
 @dataclass
@@ -83,8 +87,8 @@ class TuneOutcome:
     points: list[SizePoint] = field(default_factory=list)  # the sizes tuned at, example first
 
 
-def to_device(x: Any, device: str) -> Any:
-    return x.to(device) if isinstance(x, torch.Tensor) else x
+def to_device(x: Any, device: Device) -> Any:
+    return x.to(device.torch_device) if isinstance(x, torch.Tensor) else x
 
 
 def _first_tensor_outputs(out: Any) -> list[torch.Tensor]:
@@ -116,7 +120,7 @@ def output_errors(
 class Tuner:
     def __init__(self, options: TuneOptions) -> None:
         self.options = options
-        self.device = check_device(options.device)
+        self.device = require_timing(Device.parse(options.device))
         if options.threads is not None:
             torch.set_num_threads(options.threads)
         self.hardware = describe(self.device)
@@ -212,7 +216,7 @@ class Tuner:
         started = time.monotonic()
         say = progress or (lambda _f, _m: None)
         say(0.0, "capturing graph")
-        gm0 = to_graph_module(program).to(self.device)
+        gm0 = to_graph_module(program).to(self.device.torch_device)
         inputs = tuple(to_device(x, self.device) for x in example_inputs(program))
         every = self.options.passes or pass_names()
         spec = spec_of(gm0)
@@ -275,7 +279,7 @@ class Tuner:
             refusals=search.refusals,
         )
         replay = apply_config(program, config)
-        replay.gm.to(self.device)
+        replay.gm.to(self.device.torch_device)
         runner = chosen.runner if chosen.runner is not None else replay.gm
         trials = fresh_inputs(inputs, 3, seed=1234)
         for point in self.points[1:]:  # and at every further size tuned at

@@ -7,12 +7,22 @@ from typing import Annotated
 
 import typer
 
+from tuner.device import Device
+from tuner.exit_codes import ExitCode
+
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
 @app.command("worker")
 def worker_cmd(
-    device: Annotated[str, typer.Option(help="Device this worker tunes on: cpu, cuda or xla")],
+    device: Annotated[
+        Device,
+        typer.Option(
+            parser=Device.parse,
+            metavar="DEVICE",
+            help="Device this worker tunes on: cpu, cuda or xla, with an index if wanted (cuda:1)",
+        ),
+    ],
     server: Annotated[
         str | None, typer.Option(help="Service URL (env FXTUNE_SERVER)", show_default=False)
     ] = None,
@@ -29,9 +39,10 @@ def worker_cmd(
     ] = None,
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
+    from tuner.errors import DeviceUnavailableError
     from worker.client import ServiceError
     from worker.config import WorkerSettings
-    from worker.hardware import DeviceUnavailable, detect
+    from worker.hardware import detect
     from worker.loop import Worker, install_signal_handlers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
@@ -40,9 +51,9 @@ def worker_cmd(
     settings = WorkerSettings(**overrides)
     try:
         hardware = detect(device)
-    except DeviceUnavailable as exc:
+    except DeviceUnavailableError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(ExitCode.DEVICE) from None
     worker = Worker(settings, device, hardware)
     install_signal_handlers(worker.stop)
     logging.getLogger("fxtune.worker").info(
@@ -60,3 +71,6 @@ def worker_cmd(
         raise typer.Exit(1) from None
     finally:
         worker.client.close()
+    if worker.device_lost is not None:
+        typer.echo(f"error: stopped claiming jobs: {worker.device_lost}", err=True)
+        raise typer.Exit(ExitCode.DEVICE)

@@ -7,14 +7,14 @@ import subprocess
 import sys
 from typing import Any
 
+from tuner.device import Device
+from tuner.errors import DeviceUnavailableError
 
-class DeviceUnavailable(RuntimeError):
-    """The worker was asked to serve a device this machine does not have."""
 
-
-def detect(device: str, timeout_s: float = 120) -> dict[str, Any]:
+def detect(device: Device, timeout_s: float = 120) -> dict[str, Any]:
+    """The device's description, or DeviceUnavailableError with the child's reason."""
     proc = subprocess.run(
-        [sys.executable, "-m", "worker.hardware", device],
+        [sys.executable, "-m", "worker.hardware", str(device)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -22,16 +22,17 @@ def detect(device: str, timeout_s: float = 120) -> dict[str, Any]:
     )
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or [f"status {proc.returncode}"]
-        raise DeviceUnavailable(lines[-1])
+        raise DeviceUnavailableError(lines[-1])
     return json.loads(proc.stdout)
 
 
-def _main(device: str) -> None:
-    from tuner.hardware import check_device, describe, hardware_key
+def _main(text: str) -> None:
+    from tuner.errors import FxtuneError
+    from tuner.hardware import describe, hardware_key
 
     try:
-        check_device(device)
-    except ValueError as exc:
+        device = Device.parse(text).require_available()
+    except FxtuneError as exc:
         sys.exit(str(exc))
     info = describe(device)
     info["key"] = hardware_key(info)

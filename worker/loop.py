@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from tuner.device import Device
+from tuner.exit_codes import ExitCode
 from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
 from worker.config import WorkerSettings
 from worker.sandbox import (
@@ -30,7 +32,10 @@ from worker.sandbox import (
 
 log = logging.getLogger("fxtune.worker")
 
-USER_ERROR_EXIT = 2  # `fxtune tune` exits 2 for a bad or unsafe model: retrying cannot help
+# `fxtune tune` exit codes (tuner.exit_codes) after which another attempt cannot help: a bad or
+# refused model fails the same anywhere. INTERNAL (1), signals and timeouts are retried; DEVICE
+# (4) is retried elsewhere while this worker stops claiming (see run_job).
+PERMANENT_EXITS = frozenset({ExitCode.USER_INPUT, ExitCode.REFUSED})
 ONCE_PATIENCE_S = 60.0  # with --once, give up on a service that stays unreachable this long
 RANK_INPUT = "input_rank{rank}.pt2"  # a distributed job's programs (`fxtune tune` fills {rank})
 RANK_OUTPUT = "tuned_rank{rank}.pt2"
@@ -88,16 +93,17 @@ class Worker:
     def __init__(
         self,
         settings: WorkerSettings,
-        device: str,
+        device: Device | str,
         hardware: dict[str, Any],
         client: ServiceClient | None = None,
     ) -> None:
         self.settings = settings
-        self.device = device
+        self.device = Device.parse(device)
         self.hardware = hardware
         self.client = client or ServiceClient(settings.server, settings.token)
-        self.id = f"{socket.gethostname()}-{os.getpid()}-{device}"
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{self.device}"
         self._stop = threading.Event()
+        self.device_lost: str | None = None  # why this worker stopped claiming, if it did
 
     def stop(self) -> None:
         self._stop.set()
@@ -109,8 +115,9 @@ class Worker:
         unreachable_since: float | None = None
         while not self._stop.is_set():
             try:
+                # Jobs are per kind; the index stays this worker's ("cuda:1" tunes on cuda:1).
                 job = self.client.claim(
-                    self.id, self.device, self.hardware, self.settings.worker_ranks
+                    self.id, self.device.kind, self.hardware, self.settings.worker_ranks
                 )
             except httpx.TransportError as exc:
                 unreachable_since = unreachable_since or time.monotonic()
@@ -171,6 +178,18 @@ class Worker:
                 beat.stop()
         if beat.lost:
             return Outcome("lost", "lease passed to another attempt")
+        if not result.ok and result.returncode == ExitCode.DEVICE and not result.cancelled:
+            # The device went missing (or cannot be timed): every later job would fail the same
+            # way here, burning its attempts. Hand this one back for another worker and stop.
+            self.device_lost = _error(result)
+            log.error(
+                "job %d: device %s unusable (%s); stopping",
+                job.job_id,
+                self.device,
+                self.device_lost,
+            )
+            self.stop()
+            return self._fail(job, f"worker {self.id}: {self.device_lost}", retryable=True)
         if not result.ok:
             return self._fail(job, _error(result), retryable=_retryable(result))
         try:
@@ -200,7 +219,7 @@ class Worker:
             *self.settings.worker_tune_command,
             str(source),
             "--device",
-            job.device,
+            str(self.device),
             "--out",
             str(out / "tuned.pt2"),
             "--report",
@@ -289,7 +308,7 @@ def _error(result: ChildResult) -> str:
 
 
 def _retryable(result: ChildResult) -> bool:
-    return result.returncode != USER_ERROR_EXIT or result.timed_out or result.cancelled
+    return result.timed_out or result.cancelled or result.returncode not in PERMANENT_EXITS
 
 
 def result_files(report_path: Path) -> dict[str, Path]:

@@ -9,8 +9,12 @@ from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from service.store import ConfigSummary, Job, Model
+from tuner.device import KINDS
 
-Device = Literal["cpu", "cuda", "xla"]
+# The tuner's registry of device kinds, so the API accepts exactly what workers can tune on; a
+# job targets a kind, never one GPU ("cuda:1" is the worker's choice). A Literal keeps the enum
+# in the OpenAPI schema.
+Device = Literal[tuple(KINDS)]  # type: ignore[valid-type]
 # Ids are 64-bit in every database; a larger number is a 422 here, never an overflow below.
 INT64_MAX = 2**63 - 1
 IdPath = Annotated[int, Path(ge=1, le=INT64_MAX)]

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import fxtune_cli
 from tuner.capture import export_module, save_program
+from tuner.errors import DeviceUnavailableError, UnsupportedDeviceError
 from tuner.profile import (
     ProfileError,
     ProfileSummary,
@@ -131,12 +132,12 @@ def test_chrome_trace_is_written_as_json(tmp_path: Path) -> None:
 
 
 def test_refuses_what_it_cannot_profile() -> None:
-    with pytest.raises(ProfileError, match="unknown device"):
+    with pytest.raises(UnsupportedDeviceError, match="unknown device"):
         profile_callable(lambda: None, device="tpu")
     with pytest.raises(ProfileError, match="iterations"):
         profile_callable(lambda: None, iterations=0)
     if not torch.cuda.is_available():
-        with pytest.raises(ProfileError, match="cuda"):
+        with pytest.raises(DeviceUnavailableError, match="cuda"):
             profile_callable(lambda: None, device="cuda")
 
 

@@ -1,6 +1,7 @@
 """Stands in for `fxtune tune` in worker tests: same arguments, behaviour from FAKE_TUNE.
 
-ok: progress lines, then a valid result; fail / user_error: stderr and exit 1 / 2;
+ok: progress lines, then a valid result; fail / user_error: stderr and exit 1 / 2; exit_N: a
+last stderr line, then exit N;
 sleep: progress, then hangs (for timeouts, lost leases and kill -9).
 """
 
@@ -37,6 +38,9 @@ def main() -> None:
     if mode == "user_error":
         sys.stderr.write("warning: noise\nerror: refused to load an archive member: nope\n")
         sys.exit(2)
+    if mode.startswith("exit_"):
+        sys.stderr.write(f"error: exiting {mode}\n")
+        sys.exit(int(mode.removeprefix("exit_")))
     if mode == "sleep":
         print(json.dumps({"progress": 0.5, "message": "sleeping"}), flush=True)
         time.sleep(3600)

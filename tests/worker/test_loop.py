@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import threading
 import time
@@ -13,14 +14,17 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from service.core.config import Settings
 from service.db.models import utcnow
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
+from tuner.exit_codes import ExitCode
 from worker.client import Assignment, ServiceClient
 from worker.config import WorkerSettings
-from worker.loop import Worker, rank_result_files, result_files
+from worker.loop import Worker, _retryable, rank_result_files, result_files
+from worker.sandbox import ChildResult
 
 
 class RecordingClient(ServiceClient):
@@ -209,3 +213,56 @@ def test_a_distributed_job_runs_the_ranks_and_uploads_every_ranks_program(
         "program": tmp_path / "tuned_rank0.pt2",
         "program_rank1": tmp_path / "tuned_rank1.pt2",
     }
+
+
+@pytest.mark.parametrize(
+    ("result", "retry"),
+    [
+        (ChildResult(ExitCode.INTERNAL, "bug"), True),
+        (ChildResult(ExitCode.USER_INPUT, "bad model"), False),
+        (ChildResult(ExitCode.REFUSED, "unsafe archive"), False),
+        (ChildResult(-signal.SIGKILL, "killed"), True),
+        (ChildResult(-signal.SIGTERM, "stopped"), True),
+        (ChildResult(ExitCode.USER_INPUT, None, timed_out=True), True),
+        (ChildResult(ExitCode.REFUSED, None, cancelled=True), True),
+    ],
+)
+def test_which_exit_codes_are_retried(result: ChildResult, retry: bool) -> None:
+    assert _retryable(result) is retry
+
+
+def test_a_refused_artifact_is_not_retried(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = server
+    model = submit(url, program)
+    make_worker(url, "exit_3", monkeypatch).run(once=True)
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "failed" and job["attempts"] == 1
+
+
+def test_a_missing_device_hands_the_job_back_and_stops_the_worker(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 4: every later job would fail the same way on this worker, burning its attempts."""
+    url, _ = server
+    model = submit(url, program)
+    worker = make_worker(url, "exit_4", monkeypatch)
+    worker.run(once=True)
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "queued" and job["attempts"] == 1
+    assert worker.device_lost == "error: exiting exit_4"
+    assert worker.id in job["error"]
+    assert worker.run() == 0  # stopped: claims nothing more, even without --once
+
+
+def test_a_worker_without_its_device_exits_4(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    absent = f"cuda:{torch.cuda.device_count()}"
+    result = CliRunner().invoke(app, ["--device", absent, "--server", "http://127.0.0.1:9"])
+    assert result.exit_code == ExitCode.DEVICE, result.output
+    assert "not available" in result.output

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
-import inspect
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import torch
 from torch import fx
 
 from tuner.sites import Site
+from tuner.source_digest import source_digest
+
+
+@functools.cache
+def _code_digest(module: str, torch_version: str) -> str:
+    """Read once per process (sources do not change under a running tuner); keyed by the torch
+    version only so that the memo follows it."""
+    return source_digest(module, ("tuner", module.partition(".")[0]))
 
 
 class GraphPass(ABC):
@@ -52,9 +60,10 @@ class GraphPass(ABC):
 
     @classmethod
     def version(cls) -> str:
-        """Name plus a hash of the pass's source: a changed pass is measured afresh."""
-        source = inspect.getsource(inspect.getmodule(cls) or cls)
-        return f"{cls.name}@{hashlib.sha256(source.encode()).hexdigest()[:10]}"
+        """Name plus a digest of the code the pass runs (its module and the fxtune modules it
+        imports, transitively) and of the torch version: a change in any of them, a shared helper
+        included, measures the pass afresh instead of reusing stale cached decisions."""
+        return f"{cls.name}@{_code_digest(cls.__module__, torch.__version__)[:10]}"
 
     @staticmethod
     def nodes_of(gm: fx.GraphModule, site: Site) -> list[fx.Node]:

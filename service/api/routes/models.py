@@ -39,6 +39,7 @@ from service.api.schemas import (
 from service.distributed import RankModelsError, check_rank_models
 from service.programs import UnloadableProgram, fingerprint_of
 from service.store import ConfigSummary, StoredConfig
+from tuner.device import KINDS
 from tuner.errors import ArtifactFormatError, UnsafeArtifactError
 from tuner.load import check_archive
 
@@ -63,7 +64,7 @@ UPLOAD_BODY = {
                         "file": {"type": "string", "format": "binary"},
                         "name": {"type": "string"},
                         "tune": {"type": "boolean", "default": False},
-                        "device": {"type": "string", "enum": ["cpu", "cuda", "xla"]},
+                        "device": {"type": "string", "enum": list(KINDS)},
                         "budget_s": {"type": "number"},
                     },
                 }
