@@ -242,7 +242,7 @@ class Worker:
             *self.settings.worker_tune_command,
             str(source),
             "--device",
-            job.device,
+            str(self.device),
             "--world-size",
             str(job.world_size),
             "--out",
