@@ -32,6 +32,7 @@ from torch import fx
 
 from tuner.apply import apply_steps
 from tuner.capture import Inputs, example_inputs, save_program, to_graph_module, to_program
+from tuner.device import Device
 from tuner.distributed import default_backend, run_ranks
 from tuner.errors import FxtuneError
 from tuner.fingerprint import model_fingerprint
@@ -245,7 +246,7 @@ def tune_rank(
         "pass": PASS,
         "world_size": world_size,
         "model_fingerprint": fingerprint,
-        "hardware": describe(device) | {"world_size": world_size},
+        "hardware": describe(Device.parse(device)) | {"world_size": world_size},
         "backend": dist.get_backend(),
         "threads_per_rank": torch.get_num_threads(),
         "sites": decisions,
