@@ -20,7 +20,7 @@ from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import apply_steps, cleanup
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, refresh_meta
-from tuner.config import PassStep, Refusal, SiteDecision
+from tuner.config import PassStep, Refusal, SiteDecision, timing_fields
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
 from tuner.passes import get_pass, pass_names
@@ -77,13 +77,7 @@ def _decision(site: Site, count: int, v: str, c: Comparison | None = None, **kw:
         **kw,
     }
     if c is not None:
-        out.update(
-            baseline_s=sorted(c.baseline_s)[len(c.baseline_s) // 2],
-            candidate_s=sorted(c.candidate_s)[len(c.candidate_s) // 2],
-            speedup=c.speedup,
-            ci=(c.ci_low, c.ci_high),
-            rounds=c.rounds,
-        )
+        out.update(timing_fields(c))
     return out
 
 
