@@ -32,9 +32,10 @@ def bench_dynamic(
     batches: tuple[int, ...] = BATCHES,
 ) -> list[dict[str, Any]]:
     _, program = mlp_split()
-    outcome = tune_program(
-        program, TuneOptions(budget_s=tune_budget_s, cache_path=work / "cache.json")
+    options = TuneOptions(
+        budget_s=tune_budget_s, cache_path=work / "cache.json", workdir=work / "dynamic.work"
     )
+    outcome = tune_program(program, options)
     tuned_path = work / "mlp_split_dynamic.tuned.pt2"
     write_outputs(outcome, tuned_path, work / "mlp_split_dynamic.report.json", profile=False)
     config = outcome.config

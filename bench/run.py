@@ -57,9 +57,10 @@ def bench_model(
 
     console.log(f"[{name}] tuning (budget {tune_budget_s:.0f} s)")
     started = time.monotonic()
-    outcome = tune_program(
-        program, TuneOptions(budget_s=tune_budget_s, cache_path=work / "cache.json")
+    options = TuneOptions(
+        budget_s=tune_budget_s, cache_path=work / "cache.json", workdir=work / f"{name}.work"
     )
+    outcome = tune_program(program, options)
     tuned_path = work / f"{name}.tuned.pt2"
     write_outputs(outcome, tuned_path, work / f"{name}.report.json", profile=False)
     tuning_s = time.monotonic() - started

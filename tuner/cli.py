@@ -160,7 +160,7 @@ def tune_cmd(
     from tuner.load import load_program
     from tuner.outputs import write_outputs
     from tuner.sizes import parse_sizes
-    from tuner.tune import TuneOptions, tune_program
+    from tuner.tune import TuneOptions, tune_program, tuning_session
 
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
     try:
@@ -173,8 +173,9 @@ def tune_cmd(
             threads=threads,
             sizes=parse_sizes(sizes) or None,
         )
-        with _progress_printer(progress_json) as say:
-            outcome = tune_program(program, options, say)
+        # The session (threads, work folder) outlives writing: the package is copied out of it.
+        with _progress_printer(progress_json) as say, tuning_session(options) as session:
+            outcome = tune_program(program, session, say)
             write_outputs(outcome, out, report, profile=not no_profile, progress=say)
     except (FxtuneError, ValueError) as exc:
         raise fail(exc) from None

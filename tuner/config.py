@@ -160,5 +160,9 @@ def apply_config(program: ExportedProgram, config: TunedConfig | dict[str, Any])
     """Reproduce the tuned module from the original program deterministically, measuring nothing."""
     if isinstance(config, dict):
         config = TunedConfig.model_validate(json.loads(json.dumps(config)))
-    gm = to_graph_module(program)
-    return apply_steps(gm, example_inputs(program), steps_of(config.passes))
+    return replay_steps(program, config.passes)
+
+
+def replay_steps(program: ExportedProgram, passes: list[PassStep]) -> Transformed:
+    """The recorded steps applied to a fresh copy of the original: what a config replays to."""
+    return apply_steps(to_graph_module(program), example_inputs(program), steps_of(passes))

@@ -8,9 +8,11 @@ chosen only when its speedup interval clears 1 + epsilon; otherwise the original
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,15 +31,15 @@ from tuner.config import (
     PassStep,
     TunedConfig,
     Verification,
-    apply_config,
+    replay_steps,
     steps_of,
     timing_fields,
 )
 from tuner.fingerprint import graph_fingerprint
 from tuner.hardware import check_device, describe, hardware_key
-from tuner.measure import check_outputs, compare, fresh_inputs, verdict
+from tuner.measure import check_outputs, compare, fixed_threads, fresh_inputs, verdict
 from tuner.passes import pass_names
-from tuner.search import Progress, SearchSettings, SiteSearch
+from tuner.search import Progress, SearchResult, SearchSettings, SiteSearch
 from tuner.shapes import spec_of
 from tuner.sites import Site
 from tuner.sizes import SizePoint, size_points
@@ -113,18 +115,56 @@ def output_errors(
     return worst_abs, worst_rel
 
 
+@contextmanager
+def tuning_session(options: TuneOptions) -> Iterator[TuneOptions]:
+    """The run's thread count and work folder, both undone on exit; owned by the caller.
+
+    The caller keeps the session open while it uses the outcome (the CLI copies the chosen
+    package out of the work folder), and nothing outlives it: torch's thread count is restored
+    and the folder of compiled packages removed (a folder the caller gave stays theirs).
+    """
+    with fixed_threads(options.threads), ExitStack() as stack:
+        workdir = options.workdir
+        if workdir is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fxtune-"))
+            workdir = Path(folder)
+        yield dataclasses.replace(options, workdir=workdir)
+
+
+@dataclass
+class _Captured:
+    """The program as the tuner measures it: on the device, with the sizes it is tuned at."""
+
+    gm: fx.GraphModule
+    inputs: Inputs
+    spec: Any  # tuner.shapes.ShapeSpec | None
+    skipped: list[str]
+
+
+@dataclass
+class _Verified:
+    """What ships after verification: the chosen candidate, or the original when it failed."""
+
+    figures: Figures
+    candidate: Candidate
+    replay: Transformed
+    runner: Callable[..., Any]
+    verification: Verification
+
+
 class Tuner:
+    """One tuning run, in named steps; `tuning_session` supplies its threads and work folder."""
+
     def __init__(self, options: TuneOptions) -> None:
+        if options.workdir is None:
+            raise ValueError("Tuner needs a work folder: open a tuning_session(options) first")
         self.options = options
         self.device = check_device(options.device)
-        if options.threads is not None:
-            torch.set_num_threads(options.threads)
         self.hardware = describe(self.device)
         self.cache = DecisionCache(options.cache_path)
         self.samples: dict[str, dict[str, list[float]]] = {}
         self.timed = 0
-        self.build_s: dict[str, float] = {}  # seconds the first build+check took, per backend
-        self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="fxtune-"))
+        self.workdir = options.workdir
         self.points: list[SizePoint] = []  # the example size first, then further sizes
 
     def _remaining(self, started: float) -> float:
@@ -211,10 +251,33 @@ class Tuner:
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         started = time.monotonic()
         say = progress or (lambda _f, _m: None)
+        captured = self._capture(program, say)
+        search = self._search(captured, started, say)
+        candidates = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
+        figures = self._judge_all(captured, candidates, started, say)
+        chosen_fig, chosen = self._choose(captured, candidates, figures)
+        say(0.85, "verifying")
+        verified = self._verify(program, captured, chosen_fig, chosen)
+        config = self._config(program, captured, search, figures, verified, started)
+        say(0.9, "tuning done")
+        package = verified.candidate.package if config.backend == "inductor" else None
+        return TuneOutcome(
+            config,
+            program,
+            verified.replay,
+            verified.runner,
+            self.samples,
+            package,
+            list(self.points),
+        )
+
+    def _passes(self) -> list[str]:
+        return self.options.passes or pass_names()
+
+    def _capture(self, program: ExportedProgram, say: Progress) -> _Captured:
         say(0.0, "capturing graph")
         gm0 = to_graph_module(program).to(self.device)
         inputs = tuple(to_device(x, self.device) for x in example_inputs(program))
-        every = self.options.passes or pass_names()
         spec = spec_of(gm0)
         skipped: list[str] = []
         if spec is not None:
@@ -224,68 +287,68 @@ class Tuner:
                 SizePoint(p.label, p.sizes, tuple(to_device(x, self.device) for x in p.inputs))
                 for p in points
             ]
+        return _Captured(gm0, inputs, spec, skipped)
+
+    def _search(self, captured: _Captured, started: float, say: Progress) -> SearchResult:
         settings = SearchSettings(
             device=self.device,
             hardware_key=hardware_key(self.hardware),
             deadline=started + 0.5 * self.options.budget_s,
             site_budget_s=self.options.site_budget_s,
             epsilon=self.options.epsilon,
-            passes=every,
+            passes=self._passes(),
             points=self.points if len(self.points) > 1 else [],
         )
         search = SiteSearch(settings, self.cache).run(
-            copy.deepcopy(gm0), inputs, lambda f, m: say(0.05 + 0.45 * f, m)
+            copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.05 + 0.45 * f, m)
         )
         self.samples.update(search.samples)
         self.timed += search.timed
+        return search
 
-        candidates = self._candidates(gm0, inputs, search.steps, every)
+    def _judge_all(
+        self, captured: _Captured, candidates: list[Candidate], started: float, say: Progress
+    ) -> list[Figures]:
         figures: list[Figures] = []
         for i, cand in enumerate(candidates):
             say(0.5 + 0.3 * i / max(len(candidates), 1), f"timing whole model: {cand.name}")
-            figures.append(self._judge(gm0, inputs, cand, started))
+            figures.append(self._judge(captured.gm, captured.inputs, cand, started))
+        return figures
+
+    @staticmethod
+    def _choose(
+        captured: _Captured, candidates: list[Candidate], figures: list[Figures]
+    ) -> tuple[Figures, Candidate]:
+        """The fastest candidate whose interval clears 1 + epsilon; else the original."""
         winners = [
             (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == "faster"
         ]
         if winners:
-            chosen_fig, chosen = max(winners, key=lambda fc: fc[0].speedup or 0.0)
-        else:
-            reason = "no candidate was faster than the original beyond noise; the original stands"
-            chosen_fig = Figures(
-                name="original", backend="eager", passes=[], verdict="within noise", reason=reason
-            )
-            chosen = Candidate("original", "eager", [], Transformed(gm0, inputs), gm0)
-
-        say(0.85, "verifying")
-        fingerprint = graph_fingerprint(to_graph_module(program))
-        config = TunedConfig(
-            model_fingerprint=fingerprint,
-            hardware=self.hardware,
-            backend=chosen.backend,
-            passes=chosen.passes,
-            changes_inputs=bool(chosen.transformed.packers),
-            sites=search.decisions,
-            candidates=figures,
-            whole_model=chosen_fig,
-            verification=Verification(
-                inputs=0, max_abs_error=None, max_rel_error=None, passed=False
-            ),
-            tuning={},
-            shapes=spec.to_dict() if spec is not None else {},
-            refusals=search.refusals,
+            return max(winners, key=lambda fc: fc[0].speedup or 0.0)
+        return _original(
+            captured,
+            "within noise",
+            "no candidate was faster than the original beyond noise; the original stands",
         )
-        replay = apply_config(program, config)
+
+    def _verify(
+        self, program: ExportedProgram, captured: _Captured, fig: Figures, chosen: Candidate
+    ) -> _Verified:
+        """The config replayed from the original (eager) and the chosen runner must both match
+        the original, at the example's size and every further size tuned at; else the original
+        ships, with the reason."""
+        gm0, inputs = captured.gm, captured.inputs
+        replay = replay_steps(program, chosen.passes)
         replay.gm.to(self.device)
         runner = chosen.runner if chosen.runner is not None else replay.gm
         trials = fresh_inputs(inputs, 3, seed=1234)
-        for point in self.points[1:]:  # and at every further size tuned at
+        for point in self.points[1:]:
             trials += fresh_inputs(point.inputs, 1, seed=1234)
-        # The replayed config (eager) and the chosen runner must both match the original.
         wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
         if wrong is None:
             wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
         abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
-        config.verification = Verification(
+        verification = Verification(
             inputs=len(trials),
             max_abs_error=abs_err,
             max_rel_error=rel_err,
@@ -293,30 +356,50 @@ class Tuner:
             reason=wrong,
         )
         if wrong is not None:
-            config.whole_model = Figures(
-                name="original",
-                backend="eager",
-                passes=[],
-                verdict="wrong outputs",
-                reason=f"the tuned module failed verification ({wrong}); the original stands",
-            )
-            config.backend, config.passes, config.changes_inputs = "eager", [], False
+            reason = f"the tuned module failed verification ({wrong}); the original stands"
+            fig, chosen = _original(captured, "wrong outputs", reason)
             replay, runner = Transformed(gm0, inputs), gm0
-        config.tuning = {
-            "seconds": round(time.monotonic() - started, 2),
-            "budget_s": self.options.budget_s,
-            "timed_candidates": self.timed,
-            "cache_hits": self.cache.hits,
-            "sites_found": sum(len(s.sites) for s in search.every_site),
-            "epsilon": self.options.epsilon,
-            "sizes": [{"label": p.label, "sizes": p.sizes} for p in self.points],
-            "sizes_skipped": skipped,
-        }
-        say(0.9, "tuning done")
-        package = chosen.package if config.backend == "inductor" else None
-        return TuneOutcome(
-            config, program, replay, runner, self.samples, package, list(self.points)
+        return _Verified(fig, chosen, replay, runner, verification)
+
+    def _config(
+        self,
+        program: ExportedProgram,
+        captured: _Captured,
+        search: SearchResult,
+        figures: list[Figures],
+        verified: _Verified,
+        started: float,
+    ) -> TunedConfig:
+        chosen = verified.candidate
+        return TunedConfig(
+            model_fingerprint=graph_fingerprint(to_graph_module(program)),
+            hardware=self.hardware,
+            backend=chosen.backend,
+            passes=chosen.passes,
+            changes_inputs=bool(chosen.transformed.packers),
+            sites=search.decisions,
+            candidates=figures,
+            whole_model=verified.figures,
+            verification=verified.verification,
+            tuning={
+                "seconds": round(time.monotonic() - started, 2),
+                "budget_s": self.options.budget_s,
+                "timed_candidates": self.timed,
+                "cache_hits": self.cache.hits,
+                "sites_found": sum(len(s.sites) for s in search.every_site),
+                "epsilon": self.options.epsilon,
+                "sizes": [{"label": p.label, "sizes": p.sizes} for p in self.points],
+                "sizes_skipped": captured.skipped,
+            },
+            shapes=captured.spec.to_dict() if captured.spec is not None else {},
+            refusals=search.refusals,
         )
+
+
+def _original(captured: _Captured, verdict_: str, reason: str) -> tuple[Figures, Candidate]:
+    fig = Figures(name="original", backend="eager", passes=[], verdict=verdict_, reason=reason)
+    gm0 = captured.gm
+    return fig, Candidate("original", "eager", [], Transformed(gm0, captured.inputs), gm0)
 
 
 def _steps_from_sites(sites: list[Site]) -> list[PassStep]:
@@ -336,4 +419,15 @@ def _steps_from_sites(sites: list[Site]) -> list[PassStep]:
 def tune_program(
     program: ExportedProgram, options: TuneOptions | None = None, progress: Progress | None = None
 ) -> TuneOutcome:
-    return Tuner(options or TuneOptions()).tune(program, progress)
+    """Tune in a session of its own unless `options.workdir` is the caller's.
+
+    With a session of its own the work folder is gone on return, so the outcome carries no
+    package (`write_outputs` then compiles one); callers that write outputs open
+    `tuning_session` themselves and call this inside it.
+    """
+    options = options or TuneOptions()
+    with tuning_session(options) as session:
+        outcome = Tuner(session).tune(program, progress)
+    if options.workdir is None:
+        outcome.package = None
+    return outcome
