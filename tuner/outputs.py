@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +58,14 @@ def write_outputs(
         base_mod = outcome.original.module().to(device)
         base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
         tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
-        for name, fn in (
-            ("baseline", lambda: base_mod(*base_inputs)),
-            ("tuned", lambda: outcome.runner(*tuned_inputs)),
-        ):
-            trace = report.parent / f"{name}.trace.json"
-            profiles[name] = profile_callable(fn, device=device, trace_path=trace).to_dict()
-            artifacts["traces"][name] = _rel(trace, report)
+        with _profiled_runner(outcome, out) as tuned_runner:
+            for name, fn in (
+                ("baseline", lambda: base_mod(*base_inputs)),
+                ("tuned", lambda: tuned_runner(*tuned_inputs)),
+            ):
+                trace = report.parent / f"{name}.trace.json"
+                profiles[name] = profile_callable(fn, device=device, trace_path=trace).to_dict()
+                artifacts["traces"][name] = _rel(trace, report)
     document = {
         "config": json.loads(config.to_json()),
         "profiles": profiles,
@@ -72,6 +76,21 @@ def write_outputs(
     report.write_text(json.dumps(document, indent=2))
     say(1.0, "done")
     return document
+
+
+@contextmanager
+def _profiled_runner(outcome: TuneOutcome, program_path: Path) -> Iterator[Callable[..., Any]]:
+    """What to profile for the tuned model: the runner itself, or for an AOTInductor package
+    its instrumented twin (the same program compiled with kernel ranges, so the profile can
+    attribute time to GEMMs, norms and embeddings; the shipped package has no ranges)."""
+    if outcome.config.backend != "inductor":
+        yield outcome.runner
+        return
+    with tempfile.TemporaryDirectory(prefix="fxtune-profile-") as tmp:
+        twin = backends.package_aoti(
+            torch.export.load(program_path), Path(tmp) / "twin.aoti.pt2", instrumented=True
+        )
+        yield backends.load_aoti(twin)  # takes the tuned program's inputs, as the runner does
 
 
 def _rel(path: Path, report: Path) -> str:
