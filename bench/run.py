@@ -45,9 +45,12 @@ def ratio(base: Callable[[], Any], cand: Callable[[], Any], budget_s: float) -> 
     return {"speedup": s.speedup, "ci_low": s.low, "ci_high": s.high, "rounds": s.rounds}
 
 
+def _speed(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def _cell(r: dict[str, Any]) -> str:
-    speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-    return f"{speed} {format_interval((r['ci_low'], r['ci_high']))}"
+    return f"{_speed(r['speedup'])} {format_interval((r['ci_low'], r['ci_high']))}"
 
 
 def bench_model(
@@ -115,7 +118,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"]]
-        cells += [f"{r['ratios'][c]['speedup']:.2f}x" for c in COLUMNS]
+        cells += [_speed(r["ratios"][c]["speedup"]) for c in COLUMNS]
         cells += [r["best_peer"], _cell(r["vs_best_peer"])]
         cells += [r["backend"], f"{r['tuning_s']:.0f}", str(r["timed_candidates"])]
         lines.append("| " + " | ".join(cells) + " |")
@@ -132,7 +135,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     width = 0.8 / len(COLUMNS)
     for i, col in enumerate(COLUMNS):
         xs = [j + i * width for j in range(len(rows))]
-        ys = [r["ratios"][col]["speedup"] for r in rows]
+        ys = [r["ratios"][col]["speedup"] or 0.0 for r in rows]
         lo = [y - (r["ratios"][col]["ci_low"] or y) for y, r in zip(ys, rows, strict=True)]
         hi = [(r["ratios"][col]["ci_high"] or y) - y for y, r in zip(ys, rows, strict=True)]
         ax.bar(xs, ys, width, label=col, yerr=[lo, hi], capsize=2)

@@ -17,17 +17,24 @@ Runner = Callable[..., Any]
 
 @dataclass
 class Built:
-    """A runnable form of a module; `package` is the AOTInductor file when one was made."""
+    """A runnable form of a module; `package` is the AOTInductor file when one was made.
+
+    `compile_s` and `overhead_s` are what a compile in a child process took (the compile, and
+    starting the child around it), for compile-time estimates; None where nothing was compiled
+    ahead of time.
+    """
 
     runner: Runner
     package: Path | None = None
+    compile_s: float | None = None
+    overhead_s: float | None = None
 
 
-def _eager(gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Built:
+def _eager(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
     return Built(gm)
 
 
-def _inductor(gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Built:
+def _inductor(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
     """Inductor ahead of time: what is measured is the very package a deployment loads.
 
     (torch.compile would add guard checks per call, which on a model with dozens of inputs
@@ -36,19 +43,31 @@ def _inductor(gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Built:
     from tuner.capture import to_program
 
     program = to_program(gm, tuple(inputs))  # with the original's dynamic dims, if any
-    path = package_aoti(program, workdir / f"{uuid.uuid4().hex}.aoti.pt2")
-    return Built(load_aoti(path), path)
+    stem = workdir / uuid.uuid4().hex
+    if timeout_s is None:
+        path = package_aoti(program, stem.with_suffix(".aoti.pt2"))
+        return Built(load_aoti(path), path)
+    from tuner.compile_child import compile_aoti_in_child
+
+    torch.export.save(program, stem.with_suffix(".pt2"))
+    done = compile_aoti_in_child(
+        stem.with_suffix(".pt2"), stem.with_suffix(".aoti.pt2"), timeout_s=timeout_s
+    )
+    overhead = max(done.seconds - done.compile_s, 0.0)
+    return Built(load_aoti(done.package), done.package, done.compile_s, overhead)
 
 
-def _compile(gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Built:
+def _compile(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
     """torch.compile with its defaults, as a user would run it (guards and all).
 
-    It compiles on its first call, which the caller's output check makes before any timing.
+    It compiles on its first call, which the caller's output check makes before any timing;
+    that compile runs in this process and cannot be stopped, so `timeout_s` is not applied
+    (the caller skips it when its estimate does not fit).
     """
     return Built(torch.compile(gm))
 
 
-def _xla(gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Built:
+def _xla(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
     return Built(torch.compile(gm, backend="openxla"))
 
 
@@ -60,7 +79,7 @@ def xla_available() -> bool:
     return True
 
 
-BACKENDS: dict[str, Callable[[fx.GraphModule, tuple, Path], Built]] = {
+BACKENDS: dict[str, Callable[[fx.GraphModule, tuple, Path, float | None], Built]] = {
     "eager": _eager,
     "inductor": _inductor,
     "compile": _compile,
@@ -72,6 +91,10 @@ BACKENDS: dict[str, Callable[[fx.GraphModule, tuple, Path], Built]] = {
 # compared with them in the same run rather than assumed to beat them.
 PEERS: tuple[str, ...] = ("inductor", "compile")
 
+# Backends whose runner is compiled (minutes on a big model): their compile time is estimated
+# and a compile that does not fit in the budget is skipped (tuner.compile_time).
+COMPILING: tuple[str, ...] = ("inductor", "compile")
+
 
 def available_backends(device: str) -> list[str]:
     kind = device.split(":")[0]
@@ -80,13 +103,21 @@ def available_backends(device: str) -> list[str]:
     return ["eager", "inductor", "compile"]
 
 
-def build(backend: str, gm: fx.GraphModule, inputs: tuple, workdir: Path) -> Built:
+def build(
+    backend: str,
+    gm: fx.GraphModule,
+    inputs: tuple,
+    workdir: Path,
+    timeout_s: float | None = None,
+) -> Built:
+    """A runner for `gm`; with `timeout_s`, an ahead-of-time compile runs in a child process
+    and raises `tuner.compile_child.CompileOverrun` when it does not finish in that time."""
     try:
         make = BACKENDS[backend]
     except KeyError:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}") from None
     workdir.mkdir(parents=True, exist_ok=True)
-    return make(gm, inputs, workdir)
+    return make(gm, inputs, workdir, timeout_s)
 
 
 def package_aoti(program: ExportedProgram, path: Path, *, instrumented: bool = False) -> Path:

@@ -28,6 +28,8 @@ from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import Transformed, apply_steps
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, example_inputs, to_graph_module
+from tuner.compile_child import CompileOverrun
+from tuner.compile_time import CompileTimes
 from tuner.config import (
     Figures,
     PassStep,
@@ -45,6 +47,12 @@ from tuner.search import Progress, SearchResult, SearchSettings, SiteSearch
 from tuner.shapes import spec_of
 from tuner.sites import Site
 from tuner.sizes import SizePoint, size_points
+
+# A compile is started only if its estimate leaves this much of the budget for timing it.
+MIN_TIMING_S = 2.0
+# The share of `budget_s` kept for what follows the last budget check: verification, writing
+# the program and package, and the profiles (`tuner.outputs`).
+FINISH_SHARE = 0.2
 
 
 @dataclass
@@ -85,6 +93,10 @@ class TuneOutcome:
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     package: Path | None = None  # the AOTInductor package of the chosen module, if inductor
     points: list[SizePoint] = field(default_factory=list)  # the sizes tuned at, example first
+    # time.monotonic() at which the run's budget ends, and the estimated compile of the
+    # package's instrumented twin (None: unknown): the profile step builds it only if it fits.
+    deadline: float | None = None
+    twin_estimate_s: float | None = None
 
 
 def to_device(x: Any, device: str) -> Any:
@@ -164,13 +176,17 @@ class Tuner:
         self.device = check_device(options.device)
         self.hardware = describe(self.device)
         self.cache = DecisionCache(options.cache_path)
+        self.hardware_key = hardware_key(self.hardware)
+        self.compile_times = CompileTimes.for_cache(options.cache_path)
         self.samples: dict[str, dict[str, list[float]]] = {}
         self.timed = 0
         self.workdir = options.workdir
         self.points: list[SizePoint] = []  # the example size first, then further sizes
 
     def _remaining(self, started: float) -> float:
-        return self.options.budget_s - (time.monotonic() - started)
+        """Seconds left for tuning proper (the finishing share of the budget excluded)."""
+        usable = self.options.budget_s * (1 - FINISH_SHARE)
+        return usable - (time.monotonic() - started)
 
     def _candidates(
         self, gm0: fx.GraphModule, inputs: Inputs, greedy: list[PassStep], every: list[str]
@@ -215,7 +231,7 @@ class Tuner:
             return {"verdict": "failed to run", "reason": f"{type(exc).__name__}: {exc}"}, None
         if wrong is not None:
             return {"verdict": "wrong outputs", "reason": wrong}, None
-        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 1.0))
+        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 0.5))
         c = compare(
             lambda: gm0(*inputs), lambda: runner(*packed), device=self.device, budget_s=budget
         )
@@ -229,11 +245,16 @@ class Tuner:
         self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, started: float
     ) -> Figures:
         fig = dict(name=cand.name, backend=cand.backend, passes=cand.passes)
-        if self._remaining(started) < 1.0:
+        left = self._remaining(started)
+        if left < 1.0:
             return Figures(**fig, verdict="not measured", reason="time budget spent")
-        t = cand.transformed
+        skip = self._compile_wont_fit(cand, left)
+        if skip is not None:
+            return Figures(**fig, verdict="not measured", reason=skip)
         try:
-            built = backends.build(cand.backend, t.gm, t.inputs, self.workdir)
+            built = self._build(cand, left)
+        except CompileOverrun as exc:
+            return Figures(**fig, verdict="not measured", reason=str(exc))
         except Exception as exc:
             return Figures(**fig, verdict="failed to run", reason=f"{type(exc).__name__}: {exc}")
         runner = cand.runner = built.runner
@@ -258,6 +279,47 @@ class Tuner:
         head.update(verdict=verdict_, reason=reason or head.get("reason"))
         return Figures(**fig, **head, per_size=per_size)
 
+    def _compile_wont_fit(self, cand: Candidate, left: float) -> str | None:
+        """Why a compile is not started (its estimate exceeds what is left), or None."""
+        if cand.backend not in backends.COMPILING:
+            return None
+        nodes = len(cand.transformed.gm.graph.nodes)
+        estimate = self.compile_times.estimate(self.hardware_key, cand.backend, nodes)
+        if estimate is None or estimate <= left - MIN_TIMING_S:
+            return None
+        return (
+            f"skipped: compiling is estimated at {estimate:.0f} s ({nodes} nodes) and "
+            f"{left:.0f} s of the time budget are left"
+        )
+
+    def _build(self, cand: Candidate, left: float) -> backends.Built:
+        """Build the runner; an AOTInductor compile runs in a child stopped after `left` s.
+
+        torch.compile compiles on its first call, in this process: that call is made here,
+        timed, so the estimate for the next one is measured too.
+        """
+        t = cand.transformed
+        nodes = len(t.gm.graph.nodes)
+        started = time.monotonic()
+        try:
+            built = backends.build(cand.backend, t.gm, t.inputs, self.workdir, timeout_s=left)
+        except CompileOverrun:
+            # At least this long: the next compile of this size will be skipped, not started.
+            elapsed = time.monotonic() - started
+            self.compile_times.record(self.hardware_key, cand.backend, nodes, elapsed)
+            raise
+        if built.compile_s is not None:
+            total = built.compile_s + (built.overhead_s or 0.0)
+            self.compile_times.record(self.hardware_key, cand.backend, nodes, total)
+        elif cand.backend in backends.COMPILING:
+            first = time.monotonic()
+            with torch.inference_mode():
+                built.runner(*t.inputs)
+            self.compile_times.record(
+                self.hardware_key, cand.backend, nodes, time.monotonic() - first
+            )
+        return built
+
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         started = time.monotonic()
         say = progress or (lambda _f, _m: None)
@@ -270,15 +332,22 @@ class Tuner:
         verified = self._verify(program, captured, chosen_fig, chosen)
         config = self._config(program, captured, search, figures, verified, started)
         say(0.9, "tuning done")
-        package = verified.candidate.package if config.backend == "inductor" else None
+        inductor = config.backend == "inductor"
+        nodes = len(verified.replay.gm.graph.nodes)
         return TuneOutcome(
             config,
             program,
             verified.replay,
             verified.runner,
             self.samples,
-            package,
+            verified.candidate.package if inductor else None,
             list(self.points),
+            deadline=started + self.options.budget_s,
+            twin_estimate_s=(
+                self.compile_times.estimate(self.hardware_key, "inductor", nodes)
+                if inductor
+                else None
+            ),
         )
 
     def _passes(self) -> list[str]:
@@ -302,8 +371,8 @@ class Tuner:
     def _search(self, captured: _Captured, started: float, say: Progress) -> SearchResult:
         settings = SearchSettings(
             device=self.device,
-            hardware_key=hardware_key(self.hardware),
-            deadline=started + 0.5 * self.options.budget_s,
+            hardware_key=self.hardware_key,
+            deadline=started + 0.5 * (1 - FINISH_SHARE) * self.options.budget_s,
             site_budget_s=self.options.site_budget_s,
             epsilon=self.options.epsilon,
             passes=self._passes(),
