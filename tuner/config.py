@@ -97,6 +97,9 @@ class SiteDecision(Measured):
     count: int = 1  # identical sites in the model that share this decision
     accepted: bool
     cached: bool = False
+    # Set when the site's baseline contradicted the whole model's time even when re-measured
+    # (tuner.search): the decision was then not trusted. Added in schema 2 (defaulted).
+    inconsistent: str | None = None
 
     model_config = {"populate_by_name": True}
 

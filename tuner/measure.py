@@ -226,6 +226,16 @@ def _fit_rounds(inner: int, round_s: float, left_s: float, rounds_left: int) -> 
     return smaller, round_s * smaller / inner
 
 
+def quick_per_call_s(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """The least of a few timed calls after one warm-up: a bound, not an A/B figure.
+
+    The least, because a call can only be slowed by the machine, never sped up.
+    """
+    with torch.inference_mode():
+        fn()
+        return min(_cpu_timer(fn, 1) for _ in range(repeats))
+
+
 # ---------------------------------------------------------------------------- statistics
 
 

@@ -42,6 +42,13 @@ class SearchSettings:
     passes: list[str] | None = None
     # Further sizes of a dynamic program to measure each site at (the example's comes first).
     points: list[SizePoint] = field(default_factory=list)
+    # Seconds per call of the whole model (example size): no site inside it can take longer.
+    model_time_s: float | None = None
+
+
+# A site's baseline (times its identical copies) may exceed the model's own time by this much
+# before it counts as contradicting it: the two are timed apart, under different loads.
+CONSISTENCY_SLACK = 1.5
 
 
 @dataclass
@@ -151,11 +158,43 @@ class SiteSearch:
         if time.monotonic() > s.deadline:
             return _decision(site, count, "not measured", reason="time budget spent")
         decision = self._measure(gm, inputs, graph_pass, site, values, result, count, "")
+        if self._contradicts_model(decision):
+            # Thread stalls during small kernels can inflate one measurement: measure again.
+            decision = self._measure(gm, inputs, graph_pass, site, values, result, count, "")
+            if self._contradicts_model(decision):
+                return self._inconsistent(decision)
         if extra:
             decision = self._across_sizes(decision, gm, graph_pass, site, extra, result, count)
         if decision["verdict"] != "failed to run":
             self.cache.put(key, decision)
         return decision
+
+    def _contradicts_model(self, decision: dict) -> bool:
+        model = self.settings.model_time_s
+        base = decision.get("baseline_s")
+        if model is None or base is None:
+            return False
+        return base * decision["count"] > model * CONSISTENCY_SLACK
+
+    def _inconsistent(self, decision: dict) -> dict:
+        """A site timed slower than the whole model twice: its timing is wrong, not the model.
+
+        Its verdict is not trusted: the site is left unrewritten ("not measured", not cached),
+        and the report says why.
+        """
+        note = (
+            f"inconsistent: site baseline {decision['baseline_s'] * 1e3:.3g} ms"
+            + (f" x {decision['count']} copies" if decision["count"] > 1 else "")
+            + f" > model {self.settings.model_time_s * 1e3:.3g} ms, measured twice"
+        )
+        return {
+            **decision,
+            "verdict": "not measured",
+            "accepted": False,
+            "reason": f"{note}; its verdict ({decision['verdict']}) is not trusted and the site "
+            "is left as it was",
+            "inconsistent": note,
+        }
 
     def _measure(
         self,

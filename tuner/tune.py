@@ -41,7 +41,14 @@ from tuner.config import (
 )
 from tuner.fingerprint import graph_fingerprint
 from tuner.hardware import check_device, describe, hardware_key
-from tuner.measure import check_outputs, compare, fixed_threads, fresh_inputs, verdict
+from tuner.measure import (
+    check_outputs,
+    compare,
+    fixed_threads,
+    fresh_inputs,
+    quick_per_call_s,
+    verdict,
+)
 from tuner.passes import pass_names
 from tuner.search import Progress, SearchResult, SearchSettings, SiteSearch
 from tuner.shapes import spec_of
@@ -377,6 +384,7 @@ class Tuner:
             epsilon=self.options.epsilon,
             passes=self._passes(),
             points=self.points if len(self.points) > 1 else [],
+            model_time_s=self._model_time_s(captured),
         )
         search = SiteSearch(settings, self.cache).run(
             copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.05 + 0.45 * f, m)
@@ -384,6 +392,13 @@ class Tuner:
         self.samples.update(search.samples)
         self.timed += search.timed
         return search
+
+    def _model_time_s(self, captured: _Captured) -> float | None:
+        """The whole model's seconds per call, bounding any site's (CPU; None elsewhere)."""
+        if torch.device(self.device).type != "cpu":
+            return None
+        with fixed_threads(self.options.threads):
+            return quick_per_call_s(lambda: captured.gm(*captured.inputs))
 
     def _judge_all(
         self, captured: _Captured, candidates: list[Candidate], started: float, say: Progress
