@@ -17,6 +17,7 @@ from tuner import backends
 from tuner.capture import example_inputs, save_program, to_program
 from tuner.compile_child import compile_aoti_in_child
 from tuner.errors import FxtuneError
+from tuner.measure import quick_per_call_s
 from tuner.tune import TuneOutcome, output_errors, to_device
 
 
@@ -61,6 +62,7 @@ def write_outputs(
         base_mod = outcome.original.module().to(device)
         base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
         tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
+        iterations = _profile_iterations(lambda: base_mod(*base_inputs))
         notes: list[str] = []
         with _profiled_runner(outcome, out, notes) as tuned_runner:
             for name, fn in (
@@ -69,7 +71,7 @@ def write_outputs(
             ):
                 trace = report.parent / f"{name}.trace.json"
                 profiles[name] = profile_callable(
-                    fn, device=device, iterations=_profile_iterations(config), trace_path=trace
+                    fn, device=device, iterations=iterations, trace_path=trace
                 ).to_dict()
                 artifacts["traces"][name] = _rel(trace, report)
         if notes:
@@ -91,14 +93,9 @@ def write_outputs(
 PROFILE_S = 0.5
 
 
-def _profile_iterations(config: Any) -> int:
+def _profile_iterations(fn: Callable[[], Any]) -> int:
     """Iterations for a profile: PROFILE_S of the original's calls, between 3 and 20."""
-    per_call = config.whole_model.baseline_s or next(
-        (f.baseline_s for f in config.candidates if f.baseline_s), None
-    )
-    if per_call is None:
-        return 20
-    return max(3, min(20, round(PROFILE_S / per_call)))
+    return max(3, min(20, round(PROFILE_S / max(quick_per_call_s(fn, repeats=1), 1e-6))))
 
 
 @contextmanager

@@ -269,7 +269,10 @@ class SiteSearch:
             by_id: dict[str, list[Site]] = {}
             for site in sites:
                 by_id.setdefault(site.id, []).append(site)
-            needs_values = not graph_pass.changes_inputs
+            # Past the deadline only cached decisions apply, and they need no recorded values
+            # (recording runs the whole model, once per size).
+            late = time.monotonic() > self.settings.deadline
+            needs_values = not graph_pass.changes_inputs and not late
             wanted = {name for s in sites for name in external_inputs(gm, s.nodes)}
             values = record_values(gm, result.inputs, wanted) if needs_values else {}
             extra = [

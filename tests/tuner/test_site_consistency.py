@@ -36,7 +36,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], in
     def compare(*args: Any, **kwargs: Any) -> Comparison:
         nonlocal calls
         calls += 1
-        c = real(*args, **{**kwargs, "budget_s": 0.5})
+        c = real(*args, **{**kwargs, "budget_s": 2.0})
         return _stalled(c, 1000.0) if calls <= stalls else c
 
     monkeypatch.setattr("tuner.search.compare", compare)
