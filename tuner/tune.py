@@ -57,6 +57,9 @@ from tuner.sizes import SizePoint, size_points
 
 # A compile is started only if its estimate leaves this much of the budget for timing it.
 MIN_TIMING_S = 2.0
+# Model calls a candidate's output check makes (3 input sets: the reference twice, the
+# candidate, the float64 reference at several times the cost), before any timing.
+CHECK_CALLS = 20
 # The share of `budget_s` kept for what follows the last budget check: verification, writing
 # the program and package, and the profiles (`tuner.outputs`).
 FINISH_SHARE = 0.2
@@ -189,6 +192,7 @@ class Tuner:
         self.timed = 0
         self.workdir = options.workdir
         self.points: list[SizePoint] = []  # the example size first, then further sizes
+        self.model_time_s: float | None = None  # the original's seconds per call (CPU)
 
     def _remaining(self, started: float) -> float:
         """Seconds left for tuning proper (the finishing share of the budget excluded)."""
@@ -255,7 +259,7 @@ class Tuner:
         left = self._remaining(started)
         if left < 1.0:
             return Figures(**fig, verdict="not measured", reason="time budget spent")
-        skip = self._compile_wont_fit(cand, left)
+        skip = self._check_wont_fit(left) or self._compile_wont_fit(cand, left)
         if skip is not None:
             return Figures(**fig, verdict="not measured", reason=skip)
         try:
@@ -285,6 +289,18 @@ class Tuner:
         verdict_, reason = combined_verdict(per_size)
         head.update(verdict=verdict_, reason=reason or head.get("reason"))
         return Figures(**fig, **head, per_size=per_size)
+
+    def _check_wont_fit(self, left: float) -> str | None:
+        """Why a candidate is not started: checking its outputs alone would overrun."""
+        if self.model_time_s is None:
+            return None
+        needed = CHECK_CALLS * self.model_time_s + MIN_TIMING_S
+        if needed <= left:
+            return None
+        return (
+            f"skipped: checking its outputs and timing it need about {needed:.0f} s "
+            f"and {left:.0f} s of the time budget are left"
+        )
 
     def _compile_wont_fit(self, cand: Candidate, left: float) -> str | None:
         """Why a compile is not started (its estimate exceeds what is left), or None."""
@@ -376,6 +392,7 @@ class Tuner:
         return _Captured(gm0, inputs, spec, skipped)
 
     def _search(self, captured: _Captured, started: float, say: Progress) -> SearchResult:
+        self.model_time_s = self._model_time_s(captured)
         settings = SearchSettings(
             device=self.device,
             hardware_key=self.hardware_key,
@@ -384,7 +401,7 @@ class Tuner:
             epsilon=self.options.epsilon,
             passes=self._passes(),
             points=self.points if len(self.points) > 1 else [],
-            model_time_s=self._model_time_s(captured),
+            model_time_s=self.model_time_s,
         )
         search = SiteSearch(settings, self.cache).run(
             copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.05 + 0.45 * f, m)
@@ -432,6 +449,15 @@ class Tuner:
         the original, at the example's size and every further size tuned at; else the original
         ships, with the reason."""
         gm0, inputs = captured.gm, captured.inputs
+        if chosen.name == "original":  # nothing was changed, so there is nothing to verify
+            verification = Verification(
+                inputs=0,
+                max_abs_error=0.0,
+                max_rel_error=0.0,
+                passed=True,
+                reason="the original program stands: nothing to verify",
+            )
+            return _Verified(fig, chosen, Transformed(gm0, inputs), gm0, verification)
         replay = replay_steps(program, chosen.passes)
         replay.gm.to(self.device)
         runner = chosen.runner if chosen.runner is not None else replay.gm

@@ -104,3 +104,21 @@ def test_fxtune_tune_with_a_30_s_budget_ends_within_the_margin(name: str, tmp_pa
         took,
         json.loads((out / "r.json").read_text())["config"]["tuning"],
     )
+
+
+def test_a_candidate_whose_output_check_would_overrun_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BERT-base here spent 61 s checking one candidate's outputs with 3 s of budget left."""
+    monkeypatch.setattr("tuner.tune.quick_per_call_s", lambda fn, repeats=3: 1.0)  # 1 s a call
+    program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
+    options = TuneOptions(budget_s=10, backends=["eager"], cache_path=tmp_path / "c.json")
+    started = time.monotonic()
+    outcome = tune_program(program, options)
+    assert time.monotonic() - started < 10 + MARGIN_S
+    assert outcome.config.candidates
+    for figures in outcome.config.candidates:
+        assert figures.verdict == "not measured"
+        assert "skipped: checking its outputs" in (figures.reason or "")
+    assert outcome.config.whole_model.name == "original"
+    assert outcome.config.verification.passed
