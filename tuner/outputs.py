@@ -64,18 +64,26 @@ def write_outputs(
         tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
         iterations = _profile_iterations(lambda: base_mod(*base_inputs))
         notes: list[str] = []
+        # When the original stands, "tuned" is the same program: profiled once, shown twice.
+        unchanged = config.whole_model.name == "original"
         with _profiled_runner(outcome, out, notes) as tuned_runner:
             for name, fn in (
                 ("baseline", lambda: base_mod(*base_inputs)),
                 ("tuned", lambda: tuned_runner(*tuned_inputs)),
             ):
+                if name == "tuned" and unchanged:
+                    profiles[name] = profiles["baseline"]
+                    artifacts["traces"][name] = artifacts["traces"]["baseline"]
+                    continue
                 trace = report.parent / f"{name}.trace.json"
                 profiles[name] = profile_callable(
                     fn, device=device, iterations=iterations, trace_path=trace
                 ).to_dict()
                 artifacts["traces"][name] = _rel(trace, report)
         if notes:
-            profiles["tuned"]["missing"] = [*profiles["tuned"].get("missing", []), *notes]
+            tuned = dict(profiles["tuned"])
+            tuned["missing"] = [*tuned.get("missing", []), *notes]
+            profiles["tuned"] = tuned
     document = {
         "config": json.loads(config.to_json()),
         "profiles": profiles,
