@@ -18,6 +18,7 @@ from examples.dynamic import mlp_inputs, mlp_split
 from tuner import backends
 from tuner.load import load_program
 from tuner.outputs import aoti_path_for, write_outputs
+from tuner.summary import format_interval
 from tuner.tune import TuneOptions, tune_program
 
 BATCHES = (2, 32, 512, 4096)
@@ -32,9 +33,10 @@ def bench_dynamic(
     batches: tuple[int, ...] = BATCHES,
 ) -> list[dict[str, Any]]:
     _, program = mlp_split()
-    outcome = tune_program(
-        program, TuneOptions(budget_s=tune_budget_s, cache_path=work / "cache.json")
+    options = TuneOptions(
+        budget_s=tune_budget_s, cache_path=work / "cache.json", workdir=work / "dynamic.work"
     )
+    outcome = tune_program(program, options)
     tuned_path = work / "mlp_split_dynamic.tuned.pt2"
     write_outputs(outcome, tuned_path, work / "mlp_split_dynamic.report.json", profile=False)
     config = outcome.config
@@ -75,7 +77,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         cells = [r["model"]]
         for c in COLUMNS:
             f = r["ratios"][c]
-            cells.append(f"{f['speedup']:.2f}x ({f['ci_low']:.2f}-{f['ci_high']:.2f})")
+            cells.append(f"{f['speedup']:.2f}x {format_interval((f['ci_low'], f['ci_high']))}")
         cells += [r["backend"], ", ".join(r["tuned_at"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from service.launch import serve_process
+from tuner.summary import format_interval
 
 console = Console()
 
@@ -75,10 +76,6 @@ def follow(http: httpx.Client, jobs: dict[str, Any]) -> dict[str, Any]:
     return final
 
 
-def _bound(x: float | None) -> str:
-    return "?" if x is None else f"{x:.2f}"
-
-
 def speedup_table(http: httpx.Client, final: dict[str, Any]) -> Table:
     table = Table("model", "status", "backend", "speedup", "95% interval", "sites accepted")
     for name, job in final.items():
@@ -92,8 +89,7 @@ def speedup_table(http: httpx.Client, final: dict[str, Any]) -> Table:
         speedup = f"{whole['speedup']:.2f}x" if whole.get("speedup") else "-"
         if not shipped:
             speedup += f" ({whole['verdict']}: original kept)"
-        ci = [b for b in whole.get("ci") or () if b is not None]
-        interval = "-".join(_bound(b) for b in whole["ci"]) if ci else "-"
+        interval = format_interval(whole.get("ci"))
         sites = config["sites"]
         accepted = f"{sum(1 for s in sites if s['accepted'])}/{len(sites)}"
         table.add_row(

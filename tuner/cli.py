@@ -169,7 +169,7 @@ def tune_cmd(
     from tuner.measure import require_timing
     from tuner.outputs import write_outputs
     from tuner.sizes import parse_sizes
-    from tuner.tune import TuneOptions, tune_program
+    from tuner.tune import TuneOptions, tune_program, tuning_session
 
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
     try:
@@ -183,25 +183,26 @@ def tune_cmd(
             threads=threads,
             sizes=parse_sizes(sizes) or None,
         )
-        with _progress_printer(progress_json) as say:
-            outcome = tune_program(program, options, say)
+        # The session (threads, work folder) outlives writing: the package is copied out of it.
+        with _progress_printer(progress_json) as say, tuning_session(options) as session:
+            outcome = tune_program(program, session, say)
             write_outputs(outcome, out, report, profile=not no_profile, progress=say)
     except FxtuneError as exc:
         raise fail(exc) from None
+    from tuner.summary import format_interval
+
     cfg = outcome.config
     table = Table("candidate", "backend", "speedup", "95% interval", "verdict")
     for fig in cfg.candidates:
-        ci = f"{fig.ci[0]:.2f}-{fig.ci[1]:.2f}" if fig.ci else "-"
         speed = f"{fig.speedup:.2f}x" if fig.speedup else "-"
-        table.add_row(fig.name, fig.backend, speed, ci, fig.verdict)
+        table.add_row(fig.name, fig.backend, speed, format_interval(fig.ci), fig.verdict)
     target = console if not progress_json else err
     target.print(table)
     if cfg.whole_model.per_size:
         by_size = Table("size", "speedup", "95% interval", "verdict", title="chosen, per size")
         for f in cfg.whole_model.per_size:
-            ci = f"{f.ci[0]:.2f}-{f.ci[1]:.2f}" if f.ci and None not in f.ci else "-"
             speed = f"{f.speedup:.2f}x" if f.speedup else "-"
-            by_size.add_row(f.label, speed, ci, f.verdict)
+            by_size.add_row(f.label, speed, format_interval(f.ci), f.verdict)
         target.print(by_size)
     accepted = sum(1 for s in cfg.sites if s.accepted)
     target.print(

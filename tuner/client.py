@@ -309,7 +309,7 @@ def _tuned(
     notes: list[str] = []
     if source.startswith("cache: "):
         notes.append(f"using the cached config ({source.removeprefix('cache: ')})")
-    if compile and config.backend == "inductor":
+    if compile and config.backend in ("inductor", "compile"):
         try:
             module = _compiled(module, program, device)
         except Exception as exc:
@@ -335,8 +335,8 @@ def load_tuned(
 
     `device` picks the config (by device kind) and where the tuned module's weights go.
     `timeout` bounds the whole HTTP exchange. `token` defaults to FXTUNE_API_TOKEN.
-    With `compile=True`, a config whose chosen backend is inductor is wrapped in torch.compile
-    and compiled here once (the AOTInductor package from the service avoids even that compile).
+    With `compile=True`, a config whose chosen backend is inductor or compile is wrapped in
+    torch.compile and compiled here once (the service's AOTInductor package avoids even that).
     A tuned module whose inputs were packed (combine_sparse_inputs) still takes the original
     inputs (`PackedInputs`). A .pt2 path is loaded with fxtune's restricted loader; a file it
     refuses raises (there is no model to fall back to).

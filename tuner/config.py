@@ -7,7 +7,6 @@ the tuned module is reproduced exactly from the original plus this JSON.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ from torch.export import ExportedProgram
 from tuner.apply import Transformed, apply_steps
 from tuner.capture import example_inputs, to_graph_module
 from tuner.measure import Comparison
+from tuner.summary import Interval  # a bound is None where it is open
 
 # 2 added (all defaulted, so version 1 configs still load): `shapes` (the dynamic dimensions the
 # program serves), `sizes` (per-size figures), `refusals`, and per-size figures on decisions.
@@ -28,22 +28,18 @@ Verdict = Literal[
 ]
 
 
-# A bound is None where too few rounds were timed to bound the speedup on that side.
-Interval = tuple[float | None, float | None]
-
-
 def timing_fields(c: Comparison) -> dict[str, Any]:
-    """The summary of an A/B comparison as stored in a config (raw samples go to the report)."""
+    """The summary of an A/B comparison as stored in a config (raw samples go to the report).
 
-    def finite(x: float) -> float | None:
-        return x if math.isfinite(x) else None
-
+    Every config figure (sites, candidates, per size) comes from here, so from `c.summary`.
+    """
+    s = c.summary
     return {
-        "baseline_s": finite(c.baseline_median_s),
-        "candidate_s": finite(c.candidate_median_s),
-        "speedup": finite(c.speedup),
-        "ci": (finite(c.ci_low), finite(c.ci_high)),
-        "rounds": c.rounds,
+        "baseline_s": s.baseline_s,
+        "candidate_s": s.candidate_s,
+        "speedup": s.speedup,
+        "ci": s.ci,
+        "rounds": s.rounds,
     }
 
 
@@ -101,6 +97,9 @@ class SiteDecision(Measured):
     count: int = 1  # identical sites in the model that share this decision
     accepted: bool
     cached: bool = False
+    # Set when the site's baseline contradicted the whole model's time even when re-measured
+    # (tuner.search): the decision was then not trusted. Added in schema 2 (defaulted).
+    inconsistent: str | None = None
 
     model_config = {"populate_by_name": True}
 
@@ -164,5 +163,9 @@ def apply_config(program: ExportedProgram, config: TunedConfig | dict[str, Any])
     """Reproduce the tuned module from the original program deterministically, measuring nothing."""
     if isinstance(config, dict):
         config = TunedConfig.model_validate(json.loads(json.dumps(config)))
-    gm = to_graph_module(program)
-    return apply_steps(gm, example_inputs(program), steps_of(config.passes))
+    return replay_steps(program, config.passes)
+
+
+def replay_steps(program: ExportedProgram, passes: list[PassStep]) -> Transformed:
+    """The recorded steps applied to a fresh copy of the original: what a config replays to."""
+    return apply_steps(to_graph_module(program), example_inputs(program), steps_of(passes))

@@ -31,8 +31,6 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
-from fractions import Fraction
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -41,6 +39,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from tuner.device import Device
 from tuner.errors import DeviceUnavailableError
+from tuner.summary import Summary, order_rank, summarize
 
 MIN_SAMPLE_S = 2e-3
 # How many times the reference's own error (spread, distance from float64) a candidate may add.
@@ -68,21 +67,32 @@ class Comparison:
     threads: int | None = None
 
     @property
+    def summary(self) -> Summary:
+        """The figures reported for this comparison (`tuner.summary`: one rule everywhere)."""
+        return summarize(self.baseline_s, self.candidate_s, self.confidence)
+
+    @property
     def baseline_median_s(self) -> float:
-        return float(np.median(self.baseline_s)) if self.baseline_s else math.nan
+        s = self.summary.baseline_s
+        return math.nan if s is None else s
 
     @property
     def candidate_median_s(self) -> float:
-        return float(np.median(self.candidate_s)) if self.candidate_s else math.nan
+        s = self.summary.candidate_s
+        return math.nan if s is None else s
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe: an interval that could not be formed (too few rounds) becomes None."""
+        """JSON-safe, from `summary`: an open interval side (too few rounds) becomes None."""
         data = asdict(self)
-        for key in ("speedup", "ci_low", "ci_high"):
-            if not math.isfinite(data[key]):
-                data[key] = None
-        data["baseline_median_s"] = self.baseline_median_s if self.baseline_s else None
-        data["candidate_median_s"] = self.candidate_median_s if self.candidate_s else None
+        s = self.summary
+        data.update(
+            speedup=s.speedup,
+            ci_low=s.low,
+            ci_high=s.high,
+            baseline_median_s=s.baseline_s,
+            candidate_median_s=s.candidate_s,
+            dropped_rounds=s.dropped,
+        )
         return data
 
 
@@ -230,24 +240,17 @@ def _fit_rounds(inner: int, round_s: float, left_s: float, rounds_left: int) -> 
     return smaller, round_s * smaller / inner
 
 
-# ---------------------------------------------------------------------------- statistics
+def quick_per_call_s(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """The least of a few timed calls after one warm-up: a bound, not an A/B figure.
 
-
-@cache
-def _order_rank(n: int, confidence: float) -> int:
-    """The largest k with P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2; 0 if none.
-
-    [x_(k), x_(n+1-k)] of n sorted samples then covers the median with probability at least
-    `confidence`, whatever the distribution (the sign-test interval).
+    The least, because a call can only be slowed by the machine, never sped up.
     """
-    tail = Fraction(1 - confidence) / 2 * 2**n
-    cumulative, k = 0, 0
-    for j in range(n // 2 + 1):
-        cumulative += math.comb(n, j)
-        if cumulative > tail:
-            break
-        k = j + 1
-    return k
+    with torch.inference_mode():
+        fn()
+        return min(_cpu_timer(fn, 1) for _ in range(repeats))
+
+
+# ---------------------------------------------------------------------------- statistics
 
 
 def median_interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
@@ -256,7 +259,7 @@ def median_interval(values: Sequence[float], confidence: float) -> tuple[float, 
         return math.nan, -math.inf, math.inf
     ordered = np.sort(np.asarray(values, dtype=np.float64))
     center = float(np.median(ordered))
-    k = _order_rank(len(ordered), confidence)
+    k = order_rank(len(ordered), confidence)
     if k == 0:
         return center, -math.inf, math.inf
     return center, float(ordered[k - 1]), float(ordered[len(ordered) - k])
@@ -343,7 +346,10 @@ def compare(
                 inner, round_s = _fit_rounds(
                     inner, round_s, deadline - time.perf_counter(), min_rounds - len(base)
                 )
-    speedup, low, high = summarise(base, cand, confidence)
+    s = summarize(base, cand, confidence)  # the reported figures; an open side is 0 or inf here
+    speedup = math.nan if s.speedup is None else s.speedup
+    low = 0.0 if s.low is None else s.low
+    high = math.inf if s.high is None else s.high
     return Comparison(
         base, cand, speedup, low, high, len(base), stopped, inner, confidence, str(device), pinned
     )

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +15,10 @@ import torch
 
 from tuner import backends
 from tuner.capture import example_inputs, save_program, to_program
+from tuner.compile_child import compile_aoti_in_child
 from tuner.device import Device
+from tuner.errors import FxtuneError
+from tuner.measure import quick_per_call_s
 from tuner.tune import TuneOutcome, output_errors, to_device
 
 
@@ -56,13 +63,28 @@ def write_outputs(
         base_mod = outcome.original.module().to(device.torch_device)
         base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
         tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
-        for name, fn in (
-            ("baseline", lambda: base_mod(*base_inputs)),
-            ("tuned", lambda: outcome.runner(*tuned_inputs)),
-        ):
-            trace = report.parent / f"{name}.trace.json"
-            profiles[name] = profile_callable(fn, device=device, trace_path=trace).to_dict()
-            artifacts["traces"][name] = _rel(trace, report)
+        iterations = _profile_iterations(lambda: base_mod(*base_inputs))
+        notes: list[str] = []
+        # When the original stands, "tuned" is the same program: profiled once, shown twice.
+        unchanged = config.whole_model.name == "original"
+        with _profiled_runner(outcome, out, notes) as tuned_runner:
+            for name, fn in (
+                ("baseline", lambda: base_mod(*base_inputs)),
+                ("tuned", lambda: tuned_runner(*tuned_inputs)),
+            ):
+                if name == "tuned" and unchanged:
+                    profiles[name] = profiles["baseline"]
+                    artifacts["traces"][name] = artifacts["traces"]["baseline"]
+                    continue
+                trace = report.parent / f"{name}.trace.json"
+                profiles[name] = profile_callable(
+                    fn, device=device, iterations=iterations, trace_path=trace
+                ).to_dict()
+                artifacts["traces"][name] = _rel(trace, report)
+        if notes:
+            tuned = dict(profiles["tuned"])
+            tuned["missing"] = [*tuned.get("missing", []), *notes]
+            profiles["tuned"] = tuned
     document = {
         "config": json.loads(config.to_json()),
         "profiles": profiles,
@@ -73,6 +95,55 @@ def write_outputs(
     report.write_text(json.dumps(document, indent=2))
     say(1.0, "done")
     return document
+
+
+# Seconds of model calls per profile: enough iterations to average, few enough that profiling
+# (and exporting its trace) stays a small part of a budgeted run.
+PROFILE_S = 0.5
+
+
+def _profile_iterations(fn: Callable[[], Any]) -> int:
+    """Iterations for a profile: PROFILE_S of the original's calls, between 3 and 20."""
+    return max(3, min(20, round(PROFILE_S / max(quick_per_call_s(fn, repeats=1), 1e-6))))
+
+
+@contextmanager
+def _profiled_runner(
+    outcome: TuneOutcome, program_path: Path, notes: list[str]
+) -> Iterator[Callable[..., Any]]:
+    """What to profile for the tuned model: the runner itself, or for an AOTInductor package
+    its instrumented twin (the same program compiled with kernel ranges, so the profile can
+    attribute time to GEMMs, norms and embeddings; the shipped package has no ranges).
+
+    The twin is compiled in a child within what is left of the tuning budget; when it does
+    not fit (estimated or stopped), the shipped package is profiled and `notes` says why.
+    """
+    if outcome.config.backend != "inductor":
+        yield outcome.runner
+        return
+    left = None if outcome.deadline is None else outcome.deadline - time.monotonic()
+    estimate = outcome.twin_estimate_s
+    if left is not None and (left <= 0 or (estimate is not None and estimate > left)):
+        notes.append(
+            "tuned profile: the package without kernel ranges (an instrumented twin, "
+            f"estimated at {estimate or 0:.0f} s to compile, did not fit in the "
+            f"{max(left, 0):.0f} s left of the budget), so its kernels count as overhead"
+        )
+        yield outcome.runner
+        return
+    with tempfile.TemporaryDirectory(prefix="fxtune-profile-") as tmp:
+        try:
+            twin = compile_aoti_in_child(
+                program_path,
+                Path(tmp) / "twin.aoti.pt2",
+                timeout_s=left if left is not None else 3600.0,
+                instrumented=True,
+            ).package
+        except FxtuneError as exc:
+            notes.append(f"tuned profile: the package without kernel ranges ({exc})")
+            yield outcome.runner
+            return
+        yield backends.load_aoti(twin)  # takes the tuned program's inputs, as the runner does
 
 
 def _rel(path: Path, report: Path) -> str:

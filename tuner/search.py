@@ -20,7 +20,7 @@ from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import apply_steps, cleanup
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, refresh_meta
-from tuner.config import PassStep, Refusal, SiteDecision
+from tuner.config import PassStep, Refusal, SiteDecision, timing_fields
 from tuner.device import CPU, Device
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
@@ -43,6 +43,13 @@ class SearchSettings:
     passes: list[str] | None = None
     # Further sizes of a dynamic program to measure each site at (the example's comes first).
     points: list[SizePoint] = field(default_factory=list)
+    # Seconds per call of the whole model (example size): no site inside it can take longer.
+    model_time_s: float | None = None
+
+
+# A site's baseline (times its identical copies) may exceed the model's own time by this much
+# before it counts as contradicting it: the two are timed apart, under different loads.
+CONSISTENCY_SLACK = 1.5
 
 
 @dataclass
@@ -78,13 +85,7 @@ def _decision(site: Site, count: int, v: str, c: Comparison | None = None, **kw:
         **kw,
     }
     if c is not None:
-        out.update(
-            baseline_s=sorted(c.baseline_s)[len(c.baseline_s) // 2],
-            candidate_s=sorted(c.candidate_s)[len(c.candidate_s) // 2],
-            speedup=c.speedup,
-            ci=(c.ci_low, c.ci_high),
-            rounds=c.rounds,
-        )
+        out.update(timing_fields(c))
     return out
 
 
@@ -158,11 +159,43 @@ class SiteSearch:
         if time.monotonic() > s.deadline:
             return _decision(site, count, "not measured", reason="time budget spent")
         decision = self._measure(gm, inputs, graph_pass, site, values, result, count, "")
+        if self._contradicts_model(decision):
+            # Thread stalls during small kernels can inflate one measurement: measure again.
+            decision = self._measure(gm, inputs, graph_pass, site, values, result, count, "")
+            if self._contradicts_model(decision):
+                return self._inconsistent(decision)
         if extra:
             decision = self._across_sizes(decision, gm, graph_pass, site, extra, result, count)
         if decision["verdict"] != "failed to run":
             self.cache.put(key, decision)
         return decision
+
+    def _contradicts_model(self, decision: dict) -> bool:
+        model = self.settings.model_time_s
+        base = decision.get("baseline_s")
+        if model is None or base is None:
+            return False
+        return base * decision["count"] > model * CONSISTENCY_SLACK
+
+    def _inconsistent(self, decision: dict) -> dict:
+        """A site timed slower than the whole model twice: its timing is wrong, not the model.
+
+        Its verdict is not trusted: the site is left unrewritten ("not measured", not cached),
+        and the report says why.
+        """
+        note = (
+            f"inconsistent: site baseline {decision['baseline_s'] * 1e3:.3g} ms"
+            + (f" x {decision['count']} copies" if decision["count"] > 1 else "")
+            + f" > model {self.settings.model_time_s * 1e3:.3g} ms, measured twice"
+        )
+        return {
+            **decision,
+            "verdict": "not measured",
+            "accepted": False,
+            "reason": f"{note}; its verdict ({decision['verdict']}) is not trusted and the site "
+            "is left as it was",
+            "inconsistent": note,
+        }
 
     def _measure(
         self,
@@ -237,7 +270,10 @@ class SiteSearch:
             by_id: dict[str, list[Site]] = {}
             for site in sites:
                 by_id.setdefault(site.id, []).append(site)
-            needs_values = not graph_pass.changes_inputs
+            # Past the deadline only cached decisions apply, and they need no recorded values
+            # (recording runs the whole model, once per size).
+            late = time.monotonic() > self.settings.deadline
+            needs_values = not graph_pass.changes_inputs and not late
             wanted = {name for s in sites for name in external_inputs(gm, s.nodes)}
             values = record_values(gm, result.inputs, wanted) if needs_values else {}
             extra = [

@@ -1,16 +1,20 @@
 """Tuning a whole program: site search, backend choice, verification (outputs.py writes files).
 
-The result is never worse than the original: every whole-model candidate (passes under eager,
-the original and the passes under inductor) is timed against the untouched original, and one is
-chosen only when its speedup interval clears 1 + epsilon; otherwise the original stands.
+The result is never worse than the original: every whole-model candidate (the original under
+AOTInductor and torch.compile, the passes under each backend) is timed against the untouched
+original, and one is chosen only when its speedup interval clears 1 + epsilon; otherwise the
+original stands. Among those, the fastest is chosen, so it is never slower than the plain
+AOTInductor or torch.compile of the original as measured in the same run.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,24 +28,43 @@ from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import Transformed, apply_steps
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, example_inputs, to_graph_module
+from tuner.compile_child import CompileOverrun
+from tuner.compile_time import CompileTimes
 from tuner.config import (
     Figures,
     PassStep,
     TunedConfig,
     Verification,
-    apply_config,
+    replay_steps,
     steps_of,
     timing_fields,
 )
 from tuner.device import CPU, Device
 from tuner.fingerprint import graph_fingerprint
 from tuner.hardware import describe, hardware_key
-from tuner.measure import check_outputs, compare, fresh_inputs, require_timing, verdict
+from tuner.measure import (
+    check_outputs,
+    compare,
+    fixed_threads,
+    fresh_inputs,
+    quick_per_call_s,
+    require_timing,
+    verdict,
+)
 from tuner.passes import pass_names
-from tuner.search import Progress, SearchSettings, SiteSearch
+from tuner.search import Progress, SearchResult, SearchSettings, SiteSearch
 from tuner.shapes import spec_of
 from tuner.sites import Site
 from tuner.sizes import SizePoint, size_points
+
+# A compile is started only if its estimate leaves this much of the budget for timing it.
+MIN_TIMING_S = 2.0
+# Model calls a candidate's output check makes (3 input sets: the reference twice, the
+# candidate, the float64 reference at several times the cost), before any timing.
+CHECK_CALLS = 20
+# The share of `budget_s` kept for what follows the last budget check: verification, writing
+# the program and package, and the profiles (`tuner.outputs`).
+FINISH_SHARE = 0.2
 
 
 @dataclass
@@ -85,6 +108,10 @@ class TuneOutcome:
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     package: Path | None = None  # the AOTInductor package of the chosen module, if inductor
     points: list[SizePoint] = field(default_factory=list)  # the sizes tuned at, example first
+    # time.monotonic() at which the run's budget ends, and the estimated compile of the
+    # package's instrumented twin (None: unknown): the profile step builds it only if it fits.
+    deadline: float | None = None
+    twin_estimate_s: float | None = None
 
 
 def to_device(x: Any, device: Device) -> Any:
@@ -117,40 +144,91 @@ def output_errors(
     return worst_abs, worst_rel
 
 
+@contextmanager
+def tuning_session(options: TuneOptions) -> Iterator[TuneOptions]:
+    """The run's thread count and work folder, both undone on exit; owned by the caller.
+
+    The caller keeps the session open while it uses the outcome (the CLI copies the chosen
+    package out of the work folder), and nothing outlives it: torch's thread count is restored
+    and the folder of compiled packages removed (a folder the caller gave stays theirs).
+    """
+    with fixed_threads(options.threads), ExitStack() as stack:
+        workdir = options.workdir
+        if workdir is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fxtune-"))
+            workdir = Path(folder)
+        yield dataclasses.replace(options, workdir=workdir)
+
+
+@dataclass
+class _Captured:
+    """The program as the tuner measures it: on the device, with the sizes it is tuned at."""
+
+    gm: fx.GraphModule
+    inputs: Inputs
+    spec: Any  # tuner.shapes.ShapeSpec | None
+    skipped: list[str]
+
+
+@dataclass
+class _Verified:
+    """What ships after verification: the chosen candidate, or the original when it failed."""
+
+    figures: Figures
+    candidate: Candidate
+    replay: Transformed
+    runner: Callable[..., Any]
+    verification: Verification
+
+
 class Tuner:
+    """One tuning run, in named steps; `tuning_session` supplies its threads and work folder."""
+
     def __init__(self, options: TuneOptions) -> None:
+        if options.workdir is None:
+            raise ValueError("Tuner needs a work folder: open a tuning_session(options) first")
         self.options = options
         self.device = require_timing(Device.parse(options.device))
-        if options.threads is not None:
-            torch.set_num_threads(options.threads)
         self.hardware = describe(self.device)
         self.cache = DecisionCache(options.cache_path)
+        self.hardware_key = hardware_key(self.hardware)
+        self.compile_times = CompileTimes.for_cache(options.cache_path)
         self.samples: dict[str, dict[str, list[float]]] = {}
         self.timed = 0
-        self.build_s: dict[str, float] = {}  # seconds the first build+check took, per backend
-        self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="fxtune-"))
+        self.workdir = options.workdir
         self.points: list[SizePoint] = []  # the example size first, then further sizes
+        self.model_time_s: float | None = None  # the original's seconds per call (CPU)
 
     def _remaining(self, started: float) -> float:
-        return self.options.budget_s - (time.monotonic() - started)
+        """Seconds left for tuning proper (the finishing share of the budget excluded)."""
+        usable = self.options.budget_s * (1 - FINISH_SHARE)
+        return usable - (time.monotonic() - started)
 
     def _candidates(
         self, gm0: fx.GraphModule, inputs: Inputs, greedy: list[PassStep], every: list[str]
     ) -> list[Candidate]:
-        """Whole-model candidates, most promising first, so a tight budget drops the least."""
+        """Whole-model candidates: the plain peers first, then the rest, most promising first.
+
+        The peers (the original under `backends.PEERS`, timed as shipped) are what a user would
+        pick instead of fxtune; they are candidates whatever passes were asked for, so the
+        chosen result (the fastest candidate that beats the original) is by construction at
+        least as fast as each of them as measured in this run. A backend restriction given
+        by the caller (`options.backends`) is honoured for the peers too.
+        """
         # Building a runner never changes its module (eager runs it, inductor exports it), so
-        # one rewritten module serves every backend, as gm0 serves the baseline and "inductor".
+        # one rewritten module serves every backend, as gm0 serves the baseline and the peers.
         blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
         blind_steps = _steps_from_sites(blind.applied)
         tuned = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy)) if greedy else None
         wanted = self.options.backends or backends.available_backends(self.device)
         blind_differs = bool(blind.applied) and blind_steps != greedy
-        out: list[Candidate] = []
+        original = Transformed(gm0, inputs)
+        out = [Candidate(b, b, [], original) for b in backends.PEERS if b in wanted]
         for b in wanted:
             if tuned is not None:
                 out.append(Candidate(f"{b} + tuned passes", b, greedy, tuned))
-            if b != "eager":
-                out.append(Candidate(b, b, [], Transformed(gm0, inputs)))
+            if b != "eager" and b not in backends.PEERS:
+                out.append(Candidate(b, b, [], original))
             if blind_differs:
                 out.append(Candidate(f"{b} + every pass", b, blind_steps, blind))
         return out
@@ -169,7 +247,7 @@ class Tuner:
             return {"verdict": "failed to run", "reason": f"{type(exc).__name__}: {exc}"}, None
         if wrong is not None:
             return {"verdict": "wrong outputs", "reason": wrong}, None
-        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 1.0))
+        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 0.5))
         c = compare(
             lambda: gm0(*inputs), lambda: runner(*packed), device=self.device, budget_s=budget
         )
@@ -183,11 +261,16 @@ class Tuner:
         self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, started: float
     ) -> Figures:
         fig = dict(name=cand.name, backend=cand.backend, passes=cand.passes)
-        if self._remaining(started) < 1.0:
+        left = self._remaining(started)
+        if left < 1.0:
             return Figures(**fig, verdict="not measured", reason="time budget spent")
-        t = cand.transformed
+        skip = self._check_wont_fit(left) or self._compile_wont_fit(cand, left)
+        if skip is not None:
+            return Figures(**fig, verdict="not measured", reason=skip)
         try:
-            built = backends.build(cand.backend, t.gm, t.inputs, self.workdir)
+            built = self._build(cand, left)
+        except CompileOverrun as exc:
+            return Figures(**fig, verdict="not measured", reason=str(exc))
         except Exception as exc:
             return Figures(**fig, verdict="failed to run", reason=f"{type(exc).__name__}: {exc}")
         runner = cand.runner = built.runner
@@ -212,13 +295,96 @@ class Tuner:
         head.update(verdict=verdict_, reason=reason or head.get("reason"))
         return Figures(**fig, **head, per_size=per_size)
 
+    def _check_wont_fit(self, left: float) -> str | None:
+        """Why a candidate is not started: checking its outputs alone would overrun."""
+        if self.model_time_s is None:
+            return None
+        needed = CHECK_CALLS * self.model_time_s + MIN_TIMING_S
+        if needed <= left:
+            return None
+        return (
+            f"skipped: checking its outputs and timing it need about {needed:.0f} s "
+            f"and {left:.0f} s of the time budget are left"
+        )
+
+    def _compile_wont_fit(self, cand: Candidate, left: float) -> str | None:
+        """Why a compile is not started (its estimate exceeds what is left), or None."""
+        if cand.backend not in backends.COMPILING:
+            return None
+        nodes = len(cand.transformed.gm.graph.nodes)
+        estimate = self.compile_times.estimate(self.hardware_key, cand.backend, nodes)
+        if estimate is None or estimate <= left - MIN_TIMING_S:
+            return None
+        return (
+            f"skipped: compiling is estimated at {estimate:.0f} s ({nodes} nodes) and "
+            f"{left:.0f} s of the time budget are left"
+        )
+
+    def _build(self, cand: Candidate, left: float) -> backends.Built:
+        """Build the runner; an AOTInductor compile runs in a child stopped after `left` s.
+
+        torch.compile compiles on its first call, in this process: that call is made here,
+        timed, so the estimate for the next one is measured too.
+        """
+        t = cand.transformed
+        nodes = len(t.gm.graph.nodes)
+        started = time.monotonic()
+        try:
+            built = backends.build(cand.backend, t.gm, t.inputs, self.workdir, timeout_s=left)
+        except CompileOverrun:
+            # At least this long: the next compile of this size will be skipped, not started.
+            elapsed = time.monotonic() - started
+            self.compile_times.record(self.hardware_key, cand.backend, nodes, elapsed)
+            raise
+        if built.compile_s is not None:
+            total = built.compile_s + (built.overhead_s or 0.0)
+            self.compile_times.record(self.hardware_key, cand.backend, nodes, total)
+        elif cand.backend in backends.COMPILING:
+            first = time.monotonic()
+            with torch.inference_mode():
+                built.runner(*t.inputs)
+            self.compile_times.record(
+                self.hardware_key, cand.backend, nodes, time.monotonic() - first
+            )
+        return built
+
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         started = time.monotonic()
         say = progress or (lambda _f, _m: None)
+        captured = self._capture(program, say)
+        search = self._search(captured, started, say)
+        candidates = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
+        figures = self._judge_all(captured, candidates, started, say)
+        chosen_fig, chosen = self._choose(captured, candidates, figures)
+        say(0.85, "verifying")
+        verified = self._verify(program, captured, chosen_fig, chosen)
+        config = self._config(program, captured, search, figures, verified, started)
+        say(0.9, "tuning done")
+        inductor = config.backend == "inductor"
+        nodes = len(verified.replay.gm.graph.nodes)
+        return TuneOutcome(
+            config,
+            program,
+            verified.replay,
+            verified.runner,
+            self.samples,
+            verified.candidate.package if inductor else None,
+            list(self.points),
+            deadline=started + self.options.budget_s,
+            twin_estimate_s=(
+                self.compile_times.estimate(self.hardware_key, "inductor", nodes)
+                if inductor
+                else None
+            ),
+        )
+
+    def _passes(self) -> list[str]:
+        return self.options.passes or pass_names()
+
+    def _capture(self, program: ExportedProgram, say: Progress) -> _Captured:
         say(0.0, "capturing graph")
         gm0 = to_graph_module(program).to(self.device.torch_device)
         inputs = tuple(to_device(x, self.device) for x in example_inputs(program))
-        every = self.options.passes or pass_names()
         spec = spec_of(gm0)
         skipped: list[str] = []
         if spec is not None:
@@ -228,68 +394,86 @@ class Tuner:
                 SizePoint(p.label, p.sizes, tuple(to_device(x, self.device) for x in p.inputs))
                 for p in points
             ]
+        return _Captured(gm0, inputs, spec, skipped)
+
+    def _search(self, captured: _Captured, started: float, say: Progress) -> SearchResult:
+        self.model_time_s = self._model_time_s(captured)
         settings = SearchSettings(
             device=self.device,
-            hardware_key=hardware_key(self.hardware),
-            deadline=started + 0.5 * self.options.budget_s,
+            hardware_key=self.hardware_key,
+            deadline=started + 0.5 * (1 - FINISH_SHARE) * self.options.budget_s,
             site_budget_s=self.options.site_budget_s,
             epsilon=self.options.epsilon,
-            passes=every,
+            passes=self._passes(),
             points=self.points if len(self.points) > 1 else [],
+            model_time_s=self.model_time_s,
         )
         search = SiteSearch(settings, self.cache).run(
-            copy.deepcopy(gm0), inputs, lambda f, m: say(0.05 + 0.45 * f, m)
+            copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.05 + 0.45 * f, m)
         )
         self.samples.update(search.samples)
         self.timed += search.timed
+        return search
 
-        candidates = self._candidates(gm0, inputs, search.steps, every)
+    def _model_time_s(self, captured: _Captured) -> float | None:
+        """The whole model's seconds per call, bounding any site's (CPU; None elsewhere)."""
+        if self.device.kind != "cpu":
+            return None
+        with fixed_threads(self.options.threads):
+            return quick_per_call_s(lambda: captured.gm(*captured.inputs))
+
+    def _judge_all(
+        self, captured: _Captured, candidates: list[Candidate], started: float, say: Progress
+    ) -> list[Figures]:
         figures: list[Figures] = []
         for i, cand in enumerate(candidates):
             say(0.5 + 0.3 * i / max(len(candidates), 1), f"timing whole model: {cand.name}")
-            figures.append(self._judge(gm0, inputs, cand, started))
+            figures.append(self._judge(captured.gm, captured.inputs, cand, started))
+        return figures
+
+    @staticmethod
+    def _choose(
+        captured: _Captured, candidates: list[Candidate], figures: list[Figures]
+    ) -> tuple[Figures, Candidate]:
+        """The fastest candidate whose interval clears 1 + epsilon; else the original."""
         winners = [
             (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == "faster"
         ]
         if winners:
-            chosen_fig, chosen = max(winners, key=lambda fc: fc[0].speedup or 0.0)
-        else:
-            reason = "no candidate was faster than the original beyond noise; the original stands"
-            chosen_fig = Figures(
-                name="original", backend="eager", passes=[], verdict="within noise", reason=reason
-            )
-            chosen = Candidate("original", "eager", [], Transformed(gm0, inputs), gm0)
-
-        say(0.85, "verifying")
-        fingerprint = graph_fingerprint(to_graph_module(program))
-        config = TunedConfig(
-            model_fingerprint=fingerprint,
-            hardware=self.hardware,
-            backend=chosen.backend,
-            passes=chosen.passes,
-            changes_inputs=bool(chosen.transformed.packers),
-            sites=search.decisions,
-            candidates=figures,
-            whole_model=chosen_fig,
-            verification=Verification(
-                inputs=0, max_abs_error=None, max_rel_error=None, passed=False
-            ),
-            tuning={},
-            shapes=spec.to_dict() if spec is not None else {},
-            refusals=search.refusals,
+            return max(winners, key=lambda fc: fc[0].speedup or 0.0)
+        return _original(
+            captured,
+            "within noise",
+            "no candidate was faster than the original beyond noise; the original stands",
         )
-        replay = apply_config(program, config)
+
+    def _verify(
+        self, program: ExportedProgram, captured: _Captured, fig: Figures, chosen: Candidate
+    ) -> _Verified:
+        """The config replayed from the original (eager) and the chosen runner must both match
+        the original, at the example's size and every further size tuned at; else the original
+        ships, with the reason."""
+        gm0, inputs = captured.gm, captured.inputs
+        if chosen.name == "original":  # nothing was changed, so there is nothing to verify
+            verification = Verification(
+                inputs=0,
+                max_abs_error=0.0,
+                max_rel_error=0.0,
+                passed=True,
+                reason="the original program stands: nothing to verify",
+            )
+            return _Verified(fig, chosen, Transformed(gm0, inputs), gm0, verification)
+        replay = replay_steps(program, chosen.passes)
         replay.gm.to(self.device.torch_device)
         runner = chosen.runner if chosen.runner is not None else replay.gm
         trials = fresh_inputs(inputs, 3, seed=1234)
-        for point in self.points[1:]:  # and at every further size tuned at
+        for point in self.points[1:]:
             trials += fresh_inputs(point.inputs, 1, seed=1234)
-        # The replayed config (eager) and the chosen runner must both match the original.
         wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
         if wrong is None:
             wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
         abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
-        config.verification = Verification(
+        verification = Verification(
             inputs=len(trials),
             max_abs_error=abs_err,
             max_rel_error=rel_err,
@@ -297,30 +481,50 @@ class Tuner:
             reason=wrong,
         )
         if wrong is not None:
-            config.whole_model = Figures(
-                name="original",
-                backend="eager",
-                passes=[],
-                verdict="wrong outputs",
-                reason=f"the tuned module failed verification ({wrong}); the original stands",
-            )
-            config.backend, config.passes, config.changes_inputs = "eager", [], False
+            reason = f"the tuned module failed verification ({wrong}); the original stands"
+            fig, chosen = _original(captured, "wrong outputs", reason)
             replay, runner = Transformed(gm0, inputs), gm0
-        config.tuning = {
-            "seconds": round(time.monotonic() - started, 2),
-            "budget_s": self.options.budget_s,
-            "timed_candidates": self.timed,
-            "cache_hits": self.cache.hits,
-            "sites_found": sum(len(s.sites) for s in search.every_site),
-            "epsilon": self.options.epsilon,
-            "sizes": [{"label": p.label, "sizes": p.sizes} for p in self.points],
-            "sizes_skipped": skipped,
-        }
-        say(0.9, "tuning done")
-        package = chosen.package if config.backend == "inductor" else None
-        return TuneOutcome(
-            config, program, replay, runner, self.samples, package, list(self.points)
+        return _Verified(fig, chosen, replay, runner, verification)
+
+    def _config(
+        self,
+        program: ExportedProgram,
+        captured: _Captured,
+        search: SearchResult,
+        figures: list[Figures],
+        verified: _Verified,
+        started: float,
+    ) -> TunedConfig:
+        chosen = verified.candidate
+        return TunedConfig(
+            model_fingerprint=graph_fingerprint(to_graph_module(program)),
+            hardware=self.hardware,
+            backend=chosen.backend,
+            passes=chosen.passes,
+            changes_inputs=bool(chosen.transformed.packers),
+            sites=search.decisions,
+            candidates=figures,
+            whole_model=verified.figures,
+            verification=verified.verification,
+            tuning={
+                "seconds": round(time.monotonic() - started, 2),
+                "budget_s": self.options.budget_s,
+                "timed_candidates": self.timed,
+                "cache_hits": self.cache.hits,
+                "sites_found": sum(len(s.sites) for s in search.every_site),
+                "epsilon": self.options.epsilon,
+                "sizes": [{"label": p.label, "sizes": p.sizes} for p in self.points],
+                "sizes_skipped": captured.skipped,
+            },
+            shapes=captured.spec.to_dict() if captured.spec is not None else {},
+            refusals=search.refusals,
         )
+
+
+def _original(captured: _Captured, verdict_: str, reason: str) -> tuple[Figures, Candidate]:
+    fig = Figures(name="original", backend="eager", passes=[], verdict=verdict_, reason=reason)
+    gm0 = captured.gm
+    return fig, Candidate("original", "eager", [], Transformed(gm0, captured.inputs), gm0)
 
 
 def _steps_from_sites(sites: list[Site]) -> list[PassStep]:
@@ -340,4 +544,15 @@ def _steps_from_sites(sites: list[Site]) -> list[PassStep]:
 def tune_program(
     program: ExportedProgram, options: TuneOptions | None = None, progress: Progress | None = None
 ) -> TuneOutcome:
-    return Tuner(options or TuneOptions()).tune(program, progress)
+    """Tune in a session of its own unless `options.workdir` is the caller's.
+
+    With a session of its own the work folder is gone on return, so the outcome carries no
+    package (`write_outputs` then compiles one); callers that write outputs open
+    `tuning_session` themselves and call this inside it.
+    """
+    options = options or TuneOptions()
+    with tuning_session(options) as session:
+        outcome = Tuner(session).tune(program, progress)
+    if options.workdir is None:
+        outcome.package = None
+    return outcome

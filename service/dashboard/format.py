@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.rows import TIMES
+from tuner.summary import format_interval
 
 NA = "n/a"
 
@@ -44,11 +45,13 @@ def speedup(x: float | None) -> str:
 
 
 def interval(ci: Sequence[float | None] | None) -> str:
-    """A bound the tuner could not establish (too few rounds) shows as '?'."""
+    """The CLI's format (`tuner.summary.format_interval`): an open side prints as 'open'.
+
+    Stored rows cannot tell "not measured" from "open on both sides", so both read n/a.
+    """
     if not ci or all(b is None for b in ci):
         return NA
-    low, high = ci
-    return "[" + ", ".join("?" if b is None else ratio(b) for b in (low, high)) + "]"
+    return format_interval(ci, missing=NA)
 
 
 def count(x: float | None) -> str:

@@ -379,7 +379,7 @@ def test_candidates_table_marks_the_chosen_one(client: TestClient, ids: dict[str
         "inductor + tuned passes",
     ]
     assert [r.attrs.get("class") for r in rows] == ["chosen", None, None]
-    assert rows[2].cells[6].text == "[?, 1.10]"  # an unknown bound is not a zero
+    assert rows[2].cells[6].text == "(open, 1.10]"  # an open bound is not a zero
     kept = page(client, f"/models/{ids['bert']}")
     assert not any(r.attrs.get("class") == "chosen" for r in kept.tables["candidates-table"])
 

@@ -71,9 +71,14 @@ CATEGORY_PATTERNS: dict[str, tuple[str, ...]] = {
 CATEGORIES: tuple[str, ...] = (*CATEGORY_PATTERNS, OTHER)
 
 
+# AOTInductor's calls of ATen kernels outside its generated code (GEMMs, embedding bags), as
+# named by the profiler ranges of an instrumented package: `aoti_torch_cpu_addmm_out`.
+AOTI_EXTERN = re.compile(r"^aoti_torch_[a-z]+_", re.I)
+
+
 def category_of(op_name: str) -> str:
     """The first registry category whose patterns match `op_name`, else "other"."""
-    name = op_name.lower()
+    name = AOTI_EXTERN.sub("", op_name.lower())
     for category, patterns in CATEGORY_PATTERNS.items():
         if any(re.search(p, name) for p in patterns):
             return category
@@ -86,8 +91,9 @@ OPERATOR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::")
 
 
 def is_compiled_kernel(name: str) -> bool:
-    """Inductor's generated kernels: named ranges in the trace, not ATen ops."""
-    return COMPILED_KERNEL.search(name) is not None
+    """Inductor's kernels: generated ones and AOTInductor's extern calls, named ranges in the
+    trace of an instrumented build, not ATen ops (the extern calls bypass the dispatcher)."""
+    return COMPILED_KERNEL.search(name) is not None or AOTI_EXTERN.match(name) is not None
 
 
 def is_operator(name: str) -> bool:

@@ -1,0 +1,124 @@
+"""`budget_s` is a limit: compiles that will not fit are skipped, those that overrun stopped.
+
+The promise: a tuning run (`fxtune tune`, outputs and profiles included) ends within
+`budget_s + MARGIN_S`; the margin covers what runs after the budget is checked the last time
+(verification, writing the program, profiling) and starting the command.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from examples.build import build
+from examples.models import EXAMPLES, recsys
+from fxtune_cli import app
+from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import WrongRelu, registered
+from tuner.capture import export_module
+from tuner.compile_child import CompileOverrun, compile_aoti_in_child
+from tuner.compile_time import CompileTimes
+from tuner.hardware import describe, hardware_key
+from tuner.measure import fixed_threads
+from tuner.tune import TuneOptions, tune_program
+
+MARGIN_S = 15.0
+
+
+def test_compile_times_estimate_from_what_was_measured(tmp_path: Path) -> None:
+    times = CompileTimes.for_cache(tmp_path / "decisions.json")
+    assert times.estimate("hw", "inductor", 100) is None
+    times.record("hw", "inductor", nodes=100, seconds=20.0)
+    times.record("hw", "inductor", nodes=400, seconds=30.0)
+    again = CompileTimes.for_cache(tmp_path / "decisions.json")  # kept beside the cache
+    assert again.estimate("hw", "inductor", 100) == pytest.approx(20.0)
+    assert again.estimate("hw", "inductor", 1600) == pytest.approx(60.0)  # nearest: 400 nodes
+    assert again.estimate("hw", "compile", 400) == pytest.approx(30.0)  # inductor stands in
+    assert again.estimate("other hw", "inductor", 100) is None
+
+
+def test_an_overrunning_child_compile_is_stopped(tmp_path: Path) -> None:
+    example = recsys()
+    program = export_module(example.module, example.example_inputs)
+    torch.export.save(program, tmp_path / "p.pt2")
+    started = time.monotonic()
+    with pytest.raises(CompileOverrun, match="did not finish"):
+        compile_aoti_in_child(tmp_path / "p.pt2", tmp_path / "p.aoti.pt2", timeout_s=2.0)
+    assert time.monotonic() - started < 6.0
+
+
+def test_a_compile_estimated_not_to_fit_is_skipped(tmp_path: Path) -> None:
+    cache = tmp_path / "decisions.json"
+    with fixed_threads(None):
+        key = hardware_key(describe("cpu"))
+    CompileTimes.for_cache(cache).record(key, "inductor", nodes=1, seconds=1000.0)
+    program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
+    options = TuneOptions(budget_s=8, backends=["inductor", "compile"], cache_path=cache)
+    outcome = tune_program(program, options)
+    figures = {f.name: f for f in outcome.config.candidates}
+    for name in ("inductor", "compile"):
+        assert figures[name].verdict == "not measured"
+        assert "skipped: compiling is estimated" in (figures[name].reason or "")
+
+
+def test_a_tight_budget_stops_the_compile_and_ends_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """recsys compiles for about 30 s here (cold cache); a 10 s budget must not wait for it."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    example = recsys()
+    program = export_module(example.module, example.example_inputs)
+    options = TuneOptions(
+        budget_s=10,
+        backends=["inductor"],
+        passes=["test_wrong_relu"],  # its sites fail the output check: no time goes to search
+        cache_path=tmp_path / "c.json",
+    )
+    started = time.monotonic()
+    with registered(WrongRelu):
+        outcome = tune_program(program, options)
+    assert time.monotonic() - started < 10 + MARGIN_S
+    figures = {f.name: f for f in outcome.config.candidates}
+    assert figures["inductor"].verdict == "not measured"
+    assert "compile stopped" in (figures["inductor"].reason or "")
+    assert all(f.verdict == "not measured" for f in figures.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_fxtune_tune_with_a_30_s_budget_ends_within_the_margin(name: str, tmp_path: Path) -> None:
+    model = build(name, tmp_path)
+    out = tmp_path / "out"
+    args = ["tune", str(model), "--out", str(out / "t.pt2"), "--report", str(out / "r.json")]
+    args += ["--budget-s", "30", "--cache", str(tmp_path / "c.json")]
+    started = time.monotonic()
+    result = CliRunner().invoke(app, args)
+    took = time.monotonic() - started
+    assert result.exit_code == 0, result.output
+    assert took < 30 + MARGIN_S, (
+        took,
+        json.loads((out / "r.json").read_text())["config"]["tuning"],
+    )
+
+
+def test_a_candidate_whose_output_check_would_overrun_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BERT-base here spent 61 s checking one candidate's outputs with 3 s of budget left."""
+    monkeypatch.setattr("tuner.tune.quick_per_call_s", lambda fn, repeats=3: 1.0)  # 1 s a call
+    program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
+    options = TuneOptions(budget_s=10, backends=["eager"], cache_path=tmp_path / "c.json")
+    started = time.monotonic()
+    outcome = tune_program(program, options)
+    assert time.monotonic() - started < 10 + MARGIN_S
+    assert outcome.config.candidates
+    for figures in outcome.config.candidates:
+        assert figures.verdict == "not measured"
+        assert "skipped: checking its outputs" in (figures.reason or "")
+    assert outcome.config.whole_model.name == "original"
+    assert outcome.config.verification.passed

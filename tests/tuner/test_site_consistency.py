@@ -1,0 +1,75 @@
+"""A site timed slower than the whole model containing it is re-measured, then not trusted."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from tests.tuner.test_tune import SplitNormTanh
+from tuner import measure
+from tuner.cache import DecisionCache
+from tuner.capture import export_module, to_graph_module
+from tuner.measure import Comparison, quick_per_call_s
+from tuner.search import SearchSettings, SiteSearch
+from tuner.summary import summarize
+
+
+def _stalled(c: Comparison, factor: float) -> Comparison:
+    """The comparison as if the baseline's thread had stalled in every round (a 27.9 ms site
+    inside a 3.28 ms model, as a dashboard run showed)."""
+    base = [b * factor for b in c.baseline_s]
+    s = summarize(base, c.candidate_s, c.confidence)
+    low = 0.0 if s.low is None else s.low
+    high = math.inf if s.high is None else s.high
+    return Comparison(base, c.candidate_s, s.speedup or math.nan, low, high, c.rounds, c.stopped)
+
+
+def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], int, DecisionCache]:
+    """Search with the first `stalls` site timings inflated 1000x; returns decisions, calls."""
+    calls = 0
+    real = measure.compare
+
+    def compare(*args: Any, **kwargs: Any) -> Comparison:
+        nonlocal calls
+        calls += 1
+        c = real(*args, **{**kwargs, "budget_s": 2.0})
+        return _stalled(c, 1000.0) if calls <= stalls else c
+
+    monkeypatch.setattr("tuner.search.compare", compare)
+    module = SplitNormTanh(n=4).eval()
+    x = torch.randn(8, 64)
+    gm = to_graph_module(export_module(module, (x,)))
+    settings = SearchSettings(
+        passes=["fuse_horizontal_layernorm"], model_time_s=quick_per_call_s(lambda: gm(x))
+    )
+    cache = DecisionCache(None)
+    result = SiteSearch(settings, cache).run(copy.deepcopy(gm), (x,))
+    return result.decisions, calls, cache
+
+
+def test_a_site_slower_than_its_model_twice_is_not_trusted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decisions, calls, cache = _search(monkeypatch, stalls=10)
+    (d,) = decisions
+    assert calls == 2  # measured, contradicted the model, measured again
+    assert not d.accepted and d.verdict == "not measured"
+    assert d.inconsistent is not None and "> model" in d.inconsistent
+    assert "inconsistent: site baseline" in (d.reason or "")
+    assert "not trusted" in (d.reason or "")
+    assert not cache._entries  # re-measured next run, not remembered
+
+
+def test_a_site_consistent_when_re_measured_keeps_the_second_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decisions, calls, _ = _search(monkeypatch, stalls=1)
+    (d,) = decisions
+    assert calls == 2
+    assert d.inconsistent is None
+    assert d.verdict != "not measured"
+    assert d.baseline_s is not None and d.baseline_s < 1.0

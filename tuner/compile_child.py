@@ -1,0 +1,111 @@
+"""AOTInductor compiles in a child process, so a compile that overruns the budget can be stopped.
+
+A compile inside the tuner's own process cannot be interrupted; in a child (its own process
+group, so inductor's compile workers and the C++ compiler go with it) it is killed when its
+time is up. The child reports how long the compile itself took, so compile-time estimates do
+not mistake starting Python and importing torch for lowering the graph.
+
+`python -m tuner.compile_child PROGRAM.pt2 PACKAGE.aoti.pt2 [--instrumented]`
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import FxtuneError
+
+
+class CompileOverrun(FxtuneError):
+    """A compile was stopped because it did not finish in the time it was given."""
+
+
+class CompileFailed(FxtuneError):
+    """The child compile exited with an error."""
+
+
+@dataclass(frozen=True)
+class ChildCompile:
+    package: Path
+    seconds: float  # the whole child, start to exit
+    compile_s: float  # of which compiling (the rest: starting Python, importing torch)
+
+
+def _tuner_root() -> str:
+    return str(Path(__file__).resolve().parents[1])
+
+
+def _child_env(scratch: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_tuner_root(), env.get("PYTHONPATH")) if p)
+    # inductor's default cache folder, as it would be without the child's own TMPDIR
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    default_cache = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache)
+    env["TMPDIR"] = scratch
+    return env
+
+
+def compile_aoti_in_child(
+    program_path: Path, package_path: Path, *, timeout_s: float, instrumented: bool = False
+) -> ChildCompile:
+    """Compile PROGRAM.pt2 to an AOTInductor package in a child killed after `timeout_s`."""
+    cmd = [sys.executable, "-m", "tuner.compile_child", str(program_path), str(package_path)]
+    if instrumented:
+        cmd.append("--instrumented")
+    started = time.monotonic()
+    # A killed compiler leaves its temporary files: the child gets a temp folder of its own,
+    # removed here whatever happened; inductor's cache stays where it would have been.
+    with tempfile.TemporaryDirectory(prefix="fxtune-compile-") as scratch:
+        proc = subprocess.Popen(
+            cmd,
+            env=_child_env(scratch),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=max(timeout_s, 0.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            overrun = True
+        else:
+            overrun = False
+    if overrun:
+        raise CompileOverrun(
+            f"compile stopped after {time.monotonic() - started:.1f} s: "
+            f"it did not finish in the {timeout_s:.1f} s left of the time budget"
+        ) from None
+    seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+        raise CompileFailed(f"AOTInductor compile failed: {tail[0]}")
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]))
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from tuner import backends
+
+    started = time.monotonic()
+    program = torch.export.load(argv[0])
+    package = backends.package_aoti(program, Path(argv[1]), instrumented="--instrumented" in argv)
+    compile_s = time.monotonic() - started
+    print(json.dumps({"package": str(package), "compile_s": compile_s}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
