@@ -27,7 +27,7 @@ from tuner import backends
 from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import Transformed, apply_steps
 from tuner.cache import DecisionCache
-from tuner.capture import Inputs, example_inputs, to_graph_module
+from tuner.capture import Inputs, example_inputs, on_device, to_graph_module
 from tuner.compile_child import CompileOverrun
 from tuner.compile_time import CompileTimes
 from tuner.config import (
@@ -351,6 +351,12 @@ class Tuner:
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         started = time.monotonic()
         say = progress or (lambda _f, _m: None)
+        # The fingerprint of the program as exported (deployments compute it on theirs), then
+        # the program itself on the device: torch.export's pass also moves devices baked into
+        # the graph, where `module.to()` would leave them on the CPU. The caller's program moves.
+        fingerprint = graph_fingerprint(to_graph_module(program))
+        if self.device.kind != "cpu":
+            program = on_device(program, self.device.torch_device)
         captured = self._capture(program, say)
         search = self._search(captured, started, say)
         candidates = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
@@ -358,7 +364,7 @@ class Tuner:
         chosen_fig, chosen = self._choose(captured, candidates, figures)
         say(0.85, "verifying")
         verified = self._verify(program, captured, chosen_fig, chosen)
-        config = self._config(program, captured, search, figures, verified, started)
+        config = self._config(fingerprint, captured, search, figures, verified, started)
         say(0.9, "tuning done")
         inductor = config.backend == "inductor"
         nodes = len(verified.replay.gm.graph.nodes)
@@ -488,7 +494,7 @@ class Tuner:
 
     def _config(
         self,
-        program: ExportedProgram,
+        fingerprint: str,
         captured: _Captured,
         search: SearchResult,
         figures: list[Figures],
@@ -497,7 +503,7 @@ class Tuner:
     ) -> TunedConfig:
         chosen = verified.candidate
         return TunedConfig(
-            model_fingerprint=graph_fingerprint(to_graph_module(program)),
+            model_fingerprint=fingerprint,
             hardware=self.hardware,
             backend=chosen.backend,
             passes=chosen.passes,
