@@ -72,13 +72,22 @@ def hang_in_collective(rank: int, world_size: int, pid_dir: str, victim: int) ->
 
 
 def tune_then_die(rank: int, world_size: int, model: str, options: Any, pid_dir: str) -> Any:
-    """A distributed tuning job whose rank 1 is killed while the job runs."""
-    from tuner.distributed_tune import tune_rank
+    """A distributed tuning job whose rank 1 is killed while its ranks time in lockstep.
+
+    The kill is tied to the timing step, not to a clock: a fixed delay raced the job's end.
+    """
+    from tuner import distributed_tune
 
     record_pid(pid_dir, rank)
     if rank == 1:
-        die_later(4.0)
-    return tune_rank(rank, world_size, model, None, options)
+        timing = distributed_tune.lockstep_timing
+
+        def timing_then_die(*args: Any, **kwargs: Any) -> Any:
+            die_later(0.5)
+            return timing(*args, **kwargs)
+
+        distributed_tune.lockstep_timing = timing_then_die  # this rank's own process only
+    return distributed_tune.tune_rank(rank, world_size, model, None, options)
 
 
 def sleep_forever(rank: int, world_size: int, pid_dir: str) -> None:

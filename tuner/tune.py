@@ -185,10 +185,10 @@ class Tuner:
     """One tuning run, in named steps; `tuning_session` supplies its threads and work folder."""
 
     def __init__(self, options: TuneOptions) -> None:
+        self.device = require_timing(Device.parse(options.device))
         if options.workdir is None:
             raise ValueError("Tuner needs a work folder: open a tuning_session(options) first")
         self.options = options
-        self.device = require_timing(Device.parse(options.device))
         self.hardware = describe(self.device)
         self.cache = DecisionCache(options.cache_path)
         self.hardware_key = hardware_key(self.hardware)

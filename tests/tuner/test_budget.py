@@ -23,6 +23,7 @@ from tests.tuner.tuning_fixtures import WrongRelu, registered
 from tuner.capture import export_module
 from tuner.compile_child import CompileOverrun, compile_aoti_in_child
 from tuner.compile_time import CompileTimes
+from tuner.device import Device
 from tuner.hardware import describe, hardware_key
 from tuner.measure import fixed_threads
 from tuner.tune import TuneOptions, tune_program
@@ -55,7 +56,7 @@ def test_an_overrunning_child_compile_is_stopped(tmp_path: Path) -> None:
 def test_a_compile_estimated_not_to_fit_is_skipped(tmp_path: Path) -> None:
     cache = tmp_path / "decisions.json"
     with fixed_threads(None):
-        key = hardware_key(describe("cpu"))
+        key = hardware_key(describe(Device.parse("cpu")))
     CompileTimes.for_cache(cache).record(key, "inductor", nodes=1, seconds=1000.0)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(budget_s=8, backends=["inductor", "compile"], cache_path=cache)
