@@ -1,5 +1,8 @@
 """`make bench`: each example model under eager, torch.compile, AOTInductor, blind passes, fxtune.
 
+The examples are joined by two held-out models (bench.held_out: BERT and ViT from transformers
+configs), so the "never below the best peer" column is checked on models nobody here wrote.
+
 Each figure is a speed ratio over the original program run eagerly, from an interleaved A/B
 comparison in this one run (tuner.measure.compare: median of paired ratios, 95% interval).
 Writes bench/out/results.json, results.md (the README table) and bench.png.
@@ -21,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import dynamic
+from bench.held_out import HELD_OUT, build_held_out
 from examples.build import build_all
 from tuner import backends
 from tuner.apply import apply_steps
@@ -153,6 +157,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="*", default=None)
+    parser.add_argument(
+        "--held-out",
+        nargs="*",
+        default=list(HELD_OUT),
+        help="transformers models built from configs (none: skip them)",
+    )
     parser.add_argument("--tune-budget-s", type=float, default=120.0)
     parser.add_argument("--budget-s", type=float, default=6.0, help="per timed comparison")
     parser.add_argument(
@@ -167,7 +177,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for name, path in build_all(work, args.models).items():
+        models = build_all(work, args.models) | build_held_out(work, args.held_out)
+        for name, path in models.items():
             rows.append(bench_model(name, path, work, args.tune_budget_s, args.budget_s))
         dynamic_rows = (
             dynamic.bench_dynamic(
