@@ -59,7 +59,7 @@ def test_a_compile_estimated_not_to_fit_is_skipped(tmp_path: Path) -> None:
         key = hardware_key(describe(Device.parse("cpu")))
     CompileTimes.for_cache(cache).record(key, "inductor", nodes=1, seconds=1000.0)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
-    options = TuneOptions(budget_s=8, backends=["inductor", "compile"], cache_path=cache)
+    options = TuneOptions(budget_s=20, backends=["inductor", "compile"], cache_path=cache)
     outcome = tune_program(program, options)
     figures = {f.name: f for f in outcome.config.candidates}
     for name in ("inductor", "compile"):

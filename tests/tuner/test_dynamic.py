@@ -218,11 +218,12 @@ def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]
     outcome, out = tuned
     config = outcome.config
     assert [p["label"] for p in config.tuning["sizes"]] == ["batch=32", "batch=2", "batch=512"]
-    assert config.verification.inputs == 3 + 2
     report = json.loads((out / "report.json").read_text())
     whole = report["config"]["whole_model"]
     if whole["name"] == "original":
+        assert config.verification.inputs == 0 and config.verification.passed
         pytest.skip("nothing was faster on this machine; per-size figures live on candidates")
+    assert config.verification.inputs == 3 + 2
     per_size = whole["per_size"]
     assert [f["label"] for f in per_size] == ["batch=32", "batch=2", "batch=512"]
     for f in per_size:
