@@ -13,7 +13,7 @@ from typing import Any
 from tuner.config import SizeFigures
 
 # Verdicts that rule a rewrite out whatever the other sizes say, most serious first.
-BLOCKING = ("wrong outputs", "failed to run", "slower", "not measured")
+BLOCKING = ("wrong outputs", "crashed", "failed to run", "slower", "not measured")
 
 
 def size_figures(label: str, sizes: dict[str, int], fields: dict[str, Any]) -> SizeFigures:

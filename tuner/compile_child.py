@@ -1,9 +1,12 @@
-"""AOTInductor compiles in a child process, so a compile that overruns the budget can be stopped.
+"""AOTInductor compiles in a child process: an overrun can be stopped and a crash is contained.
 
 A compile inside the tuner's own process cannot be interrupted; in a child (its own process
 group, so inductor's compile workers and the C++ compiler go with it) it is killed when its
-time is up. The child reports how long the compile itself took, so compile-time estimates do
-not mistake starting Python and importing torch for lowering the graph.
+time is up. The child also loads the package and runs it once on the example inputs, so native
+code that kills its process (a segfault, an abort, a CUDA error) kills the child, and the tuner
+records the candidate as crashed, with the signal, and goes on. The child reports how long the
+compile itself took, so compile-time estimates do not mistake starting Python and importing
+torch for lowering the graph.
 
 `python -m tuner.compile_child PROGRAM.pt2 PACKAGE.aoti.pt2 [--instrumented]`
 """
@@ -33,6 +36,21 @@ class CompileFailed(FxtuneError):
     """The child compile exited with an error."""
 
 
+class CompileCrashed(FxtuneError):
+    """The child died by a signal while compiling the package or running it once."""
+
+    def __init__(self, signal_name: str, signal_number: int) -> None:
+        super().__init__(
+            f"crashed: {signal_name} (signal {signal_number}) while compiling the package or "
+            "running it once, in a child process; tuning went on without it"
+        )
+        self.signal_name = signal_name
+
+
+# The child's module; a test points it at a child that crashes for real.
+CHILD_MODULE = "tuner.compile_child"
+
+
 @dataclass(frozen=True)
 class ChildCompile:
     package: Path
@@ -59,7 +77,7 @@ def compile_aoti_in_child(
     program_path: Path, package_path: Path, *, timeout_s: float, instrumented: bool = False
 ) -> ChildCompile:
     """Compile PROGRAM.pt2 to an AOTInductor package in a child killed after `timeout_s`."""
-    cmd = [sys.executable, "-m", "tuner.compile_child", str(program_path), str(package_path)]
+    cmd = [sys.executable, "-m", CHILD_MODULE, str(program_path), str(package_path)]
     if instrumented:
         cmd.append("--instrumented")
     started = time.monotonic()
@@ -87,6 +105,13 @@ def compile_aoti_in_child(
             f"it did not finish in the {timeout_s:.1f} s left of the time budget"
         ) from None
     seconds = time.monotonic() - started
+    if proc.returncode < 0:
+        number = -proc.returncode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "an unknown signal"
+        raise CompileCrashed(name, number)
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
         raise CompileFailed(f"AOTInductor compile failed: {tail[0]}")
@@ -95,14 +120,22 @@ def compile_aoti_in_child(
 
 
 def main(argv: list[str]) -> int:
+    """Compile, then run the package once: a crash of either happens here, not in the tuner.
+
+    The program is one the tuner itself saved (never an upload), so plain `torch.export.load`
+    is safe here.
+    """
     import torch
 
     from tuner import backends
+    from tuner.capture import example_inputs
 
     started = time.monotonic()
     program = torch.export.load(argv[0])
     package = backends.package_aoti(program, Path(argv[1]), instrumented="--instrumented" in argv)
     compile_s = time.monotonic() - started
+    with torch.inference_mode():
+        backends.load_aoti(package)(*example_inputs(program))
     print(json.dumps({"package": str(package), "compile_s": compile_s}), flush=True)
     return 0
 

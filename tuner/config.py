@@ -24,7 +24,7 @@ SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 Verdict = Literal[
-    "faster", "slower", "within noise", "wrong outputs", "failed to run", "not measured"
+    "faster", "slower", "within noise", "wrong outputs", "failed to run", "crashed", "not measured"
 ]
 
 

@@ -28,7 +28,7 @@ from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import Transformed, apply_steps
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, example_inputs, on_device, to_graph_module
-from tuner.compile_child import CompileOverrun
+from tuner.compile_child import CompileCrashed, CompileOverrun
 from tuner.compile_time import CompileTimes
 from tuner.config import (
     Figures,
@@ -271,6 +271,8 @@ class Tuner:
             built = self._build(cand, left)
         except CompileOverrun as exc:
             return Figures(**fig, verdict="not measured", reason=str(exc))
+        except CompileCrashed as exc:
+            return Figures(**fig, verdict="crashed", reason=str(exc))
         except Exception as exc:
             return Figures(**fig, verdict="failed to run", reason=f"{type(exc).__name__}: {exc}")
         runner = cand.runner = built.runner

@@ -1,0 +1,31 @@
+"""A compile child that segfaults when it runs its package: a real crash in a real child.
+
+It goes through tuner.compile_child.main with the compile skipped (to keep the test short) and
+the package's runner replaced by one that reads address 0, as a miscompiled kernel would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+from typing import Any
+
+from tuner import backends, compile_child
+
+
+def _no_compile(program: Any, path: Path, *, instrumented: bool = False) -> Path:
+    return path
+
+
+def _load_crashing(path: Path) -> Any:
+    def run(*args: Any) -> None:
+        ctypes.string_at(0)  # SIGSEGV
+
+    return run
+
+
+if __name__ == "__main__":
+    backends.package_aoti = _no_compile  # this child process only
+    backends.load_aoti = _load_crashing
+    raise SystemExit(compile_child.main(sys.argv[1:]))

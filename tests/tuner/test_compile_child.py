@@ -1,0 +1,34 @@
+"""Crash isolation: a compiled candidate that kills its process is recorded, and tuning goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tuner.test_tune import SplitNormTanh
+from tuner import compile_child
+from tuner.capture import export_module
+from tuner.tune import TuneOptions, tune_program
+
+CRASHING = "tests.tuner.crashing_compile_child"
+
+
+def test_a_crashing_candidate_is_recorded_and_tuning_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the child ran the package, a segfaulting package killed the tuner, and the worker
+    retried the whole job into the same crash."""
+    monkeypatch.setattr(compile_child, "CHILD_MODULE", CRASHING)
+    program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
+    options = TuneOptions(budget_s=60, backends=["eager", "inductor"], cache_path=tmp_path / "c")
+    outcome = tune_program(program, options)
+    figures = {f.name: f for f in outcome.config.candidates}
+    inductor = [f for f in figures.values() if f.backend == "inductor"]
+    assert inductor and all(f.verdict == "crashed" for f in inductor), figures
+    assert all("SIGSEGV (signal 11)" in (f.reason or "") for f in inductor)
+    eager = [f for f in figures.values() if f.backend == "eager"]
+    assert any(f.verdict in ("faster", "slower", "within noise") for f in eager), figures
+    assert outcome.config.whole_model.backend != "inductor"
+    assert outcome.config.verification.passed
