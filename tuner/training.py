@@ -253,9 +253,7 @@ def step_mismatch(
         ref, ref2, exact = getattr(first, kind), getattr(again, kind), getattr(t, kind, None)
         mine = getattr(got, kind)
         for name, r1 in ref.items():
-            label = {"grads": "gradient of", "params": "after the step,", "buffers": "buffer"}[
-                kind
-            ]
+            label = {"grads": "gradient of", "params": "after the step,", "buffers": "buffer"}[kind]
             if name not in mine:
                 return f"{label} {name}: missing from the candidate"
             if r1 is None:
