@@ -39,10 +39,20 @@ OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], float | None], torch.optim.O
 # reference to this relative distance: beyond it the two took different random paths (e.g. a
 # random op that draws differently by dtype) and it would inflate every tolerance.
 TWIN_AGREEMENT = 1e-3
-# Tolerances relative to each tensor's own largest magnitude (gradients span many scales);
-# the reference's own noise (spread and distance from float64) is added on top.
+# Outputs and loss: `tuner.measure.leaf_mismatch` (elementwise, as inference checks), with
+# an absolute term relative to each tensor's own largest magnitude.
 RTOL = 1e-4
 ATOL_SCALE = 1e-5
+# Gradients and the state after a step come out of reductions over the whole batch, whose
+# float32 error depends on the summation order: another legal order (a fused or compiled
+# kernel) can land several times farther from float64 than eager happened to on one element.
+# They are compared per tensor by root-mean-square error against float64: the candidate may
+# be GRAD_NOISE_FACTOR times as far as the reference (its distance plus its run-to-run spread),
+# plus GRAD_RTOL of the tensor's own RMS. A rewrite that changes a gradient (scales it, drops
+# a path) is off by a fraction of the whole tensor, orders of magnitude beyond either term.
+GRAD_NOISE_FACTOR = 10.0
+GRAD_RTOL = 1e-5
+GRAD_RTOL_NO_TWIN = 1e-4  # without a float64 reference the noise is only the spread
 
 Forward = Callable[..., tuple[torch.Tensor, Any]]
 
@@ -192,10 +202,23 @@ def eager_runner(
 def compiled_runner(
     module: nn.Module, optimizer: str | None, device: torch.device | None = None
 ) -> TrainRunner:
-    """torch.compile of forward + loss (AOTAutograd compiles the backward with inductor);
-    the optimizer step stays eager, as most training loops run it."""
+    """torch.compile of the module (AOTAutograd compiles its backward with inductor); the
+    loss (a mean) and the optimizer step stay eager, as most training loops run them.
+
+    Compiled with inductor's `fallback_random` (a per-compile option, nothing global): random
+    ops such as dropout then draw what eager draws under the same seed, so the compiled step
+    can be checked against the original's. Inductor's own RNG, possibly faster, is not timed.
+    The module itself is compiled, not a loss wrapper: each module has its own forward code
+    and so its own compile cache entry, where one shared wrapper's would fill dynamo's limit.
+    """
     own = copy.deepcopy(module)
-    return TrainRunner(own, optimizer, torch.compile(WithLoss(own)), device=device)
+    compiled = torch.compile(own, options={"fallback_random": True})
+
+    def forward(*inputs: Any) -> tuple[torch.Tensor, Any]:
+        out = compiled(*inputs)
+        return loss_of(out), out
+
+    return TrainRunner(own, optimizer, forward, device=device)
 
 
 RUNNERS: dict[str, Callable[[nn.Module, str | None, torch.device | None], TrainRunner]] = {
@@ -229,14 +252,45 @@ def _compare(what: str, ref: Any, again: Any, truth: Any, got: Any) -> str | Non
     return None if reason is None else f"{what}: {reason}"
 
 
+def _rms(t: torch.Tensor) -> float:
+    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def _state_mismatch(what: str, ref: Any, again: Any, truth: Any, got: Any) -> str | None:
+    """A gradient, parameter or buffer: RMS error against float64 (see GRAD_NOISE_FACTOR)."""
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point()):
+        return _compare(what, ref, again, truth, got)
+    if not isinstance(got, torch.Tensor) or got.shape != ref.shape or got.dtype != ref.dtype:
+        shown = f"{got.dtype}{list(got.shape)}" if isinstance(got, torch.Tensor) else type(got)
+        return f"{what}: got {shown}, expected {ref.dtype}{list(ref.shape)}"
+    r1, r2, c = (t.detach().double() for t in (ref, again, got.to(ref.device)))
+    has_truth = isinstance(truth, torch.Tensor) and truth.shape == ref.shape
+    t = truth.detach().double().to(ref.device) if has_truth else r1
+    finite = torch.isfinite(r1) & torch.isfinite(t)
+    if not torch.equal(finite, torch.isfinite(c) & torch.isfinite(t)):
+        return f"{what}: nan/inf where the reference has none (or the other way)"
+    r1, r2, c, t = r1[finite], r2[finite], c[finite], t[finite]
+    noise = _rms(r1 - t) + _rms(r1 - r2)
+    rtol = GRAD_RTOL if has_truth else GRAD_RTOL_NO_TWIN
+    allowed = GRAD_NOISE_FACTOR * noise + rtol * _rms(t)
+    error = _rms(c - t)
+    if error <= allowed or error == 0.0:
+        return None
+    return (
+        f"{what}: RMS error {error:.3g} > allowed {allowed:.3g} (the reference's own "
+        f"{noise:.3g}; tensor RMS {_rms(t):.3g})"
+    )
+
+
 def step_mismatch(
     first: StepRecord, again: StepRecord, truth: StepRecord | None, got: StepRecord
 ) -> str | None:
     """Why `got` differs from the reference step `first`, or None.
 
-    Tolerances follow `tuner.measure.check_outputs`: each tensor may differ by the reference's
-    own noise (its spread between two identical runs plus its distance from float64) times
-    NOISE_FACTOR, plus a small relative term. A parameter missing or without a gradient where
+    Tolerances come from the reference's own noise (its spread between two identical runs plus
+    its distance from float64): elementwise for outputs and loss, as `tuner.measure.
+    check_outputs` does, per tensor (RMS) for gradients and state (GRAD_NOISE_FACTOR). A
+    parameter missing or without a gradient where
     the reference has one is a mismatch: the candidate no longer trains that parameter.
     """
     if len(got.outputs) != len(first.outputs):
@@ -262,7 +316,7 @@ def step_mismatch(
             if c is None:
                 return f"{label} {name}: the candidate has none"
             exact_v = exact.get(name) if exact else None
-            reason = _compare(f"{label} {name}", r1, ref2[name], exact_v, c)
+            reason = _state_mismatch(f"{label} {name}", r1, ref2[name], exact_v, c)
             if reason:
                 return reason
     return None
@@ -273,6 +327,55 @@ def _twin_agrees(first: StepRecord, twin: StepRecord) -> bool:
     return math.isfinite(b) and abs(a - b) <= TWIN_AGREEMENT * max(abs(a), 1e-6)
 
 
+class ReferenceSteps:
+    """The original's steps on fixed input sets, recorded once and checked against many
+    candidates: twice each (its spread) and in float64 where that runs and agrees."""
+
+    def __init__(
+        self, module: nn.Module, optimizer: str | None, inputs_list: list[tuple], seed: int = 0
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.inputs_list = inputs_list
+        self.seed = seed
+        self._records: list[tuple[StepRecord, StepRecord, StepRecord | None]] = []
+
+    def _record(self, i: int) -> tuple[StepRecord, StepRecord, StepRecord | None]:
+        if not self._records:
+            ref = TrainRunner(copy.deepcopy(self.module), self.optimizer)
+            twin = _float64_runner(self.module, self.optimizer)
+            for j, inputs in enumerate(self.inputs_list):
+                first = ref.record(inputs, self.seed + j)
+                again = ref.record(inputs, self.seed + j)
+                truth = None
+                if twin is not None:
+                    try:
+                        truth = twin.record(_doubled(inputs), self.seed + j)
+                    except Exception:
+                        twin = None
+                    if truth is not None and not _twin_agrees(first, truth):
+                        truth = None
+                self._records.append((first, again, truth))
+        return self._records[i]
+
+    def check(
+        self, candidate: TrainRunner, pack: Callable[[tuple], tuple] = lambda a: a
+    ) -> str | None:
+        """None when `candidate`'s step matches on every input set: outputs, loss, every
+        parameter's gradient and (with an optimizer) the parameters and buffers after one
+        step; else the first difference. The candidate is left in its starting state."""
+        for i, inputs in enumerate(self.inputs_list):
+            first, again, truth = self._record(i)
+            try:
+                got = candidate.record(pack(inputs), self.seed + i)
+            except Exception as exc:
+                return f"input set {i}: the candidate's step raised {type(exc).__name__}: {exc}"
+            reason = step_mismatch(first, again, truth, got)
+            if reason is not None:
+                return f"input set {i}, {reason}"
+        return None
+
+
 def check_training(
     reference: nn.Module,
     candidate: TrainRunner,
@@ -281,27 +384,5 @@ def check_training(
     pack: Callable[[tuple], tuple] = lambda a: a,
     seed: int = 0,
 ) -> str | None:
-    """None when `candidate`'s training step matches `reference`'s on every input set: outputs,
-    loss, every parameter's gradient and (with an optimizer) the parameters and buffers after
-    one step; else the first difference. The candidate is reset to its starting state after."""
-    ref = TrainRunner(copy.deepcopy(reference), optimizer)
-    twin = _float64_runner(reference, optimizer)
-    for i, inputs in enumerate(inputs_list):
-        first = ref.record(inputs, seed + i)
-        again = ref.record(inputs, seed + i)
-        truth = None
-        if twin is not None:
-            try:
-                truth = twin.record(_doubled(inputs), seed + i)
-            except Exception:
-                twin = None
-            if truth is not None and not _twin_agrees(first, truth):
-                truth = None
-        try:
-            got = candidate.record(pack(inputs), seed + i)
-        except Exception as exc:
-            return f"input set {i}: the candidate's step raised {type(exc).__name__}: {exc}"
-        reason = step_mismatch(first, again, truth, got)
-        if reason is not None:
-            return f"input set {i}, {reason}"
-    return None
+    """`ReferenceSteps.check` for one candidate."""
+    return ReferenceSteps(reference, optimizer, inputs_list, seed).check(candidate, pack)
