@@ -43,16 +43,17 @@ TWIN_AGREEMENT = 1e-3
 # an absolute term relative to each tensor's own largest magnitude.
 RTOL = 1e-4
 ATOL_SCALE = 1e-5
-# Gradients and the state after a step come out of reductions over the whole batch, whose
-# float32 error depends on the summation order: another legal order (a fused or compiled
-# kernel) can land several times farther from float64 than eager happened to on one element.
-# They are compared per tensor by root-mean-square error against float64: the candidate may
-# be GRAD_NOISE_FACTOR times as far as the reference (its distance plus its run-to-run spread),
-# plus GRAD_RTOL of the tensor's own RMS. A rewrite that changes a gradient (scales it, drops
-# a path) is off by a fraction of the whole tensor, orders of magnitude beyond either term.
+# Gradients and the state after a step come out of reductions over the whole batch and of
+# errors carried back through every later layer; another legal order (a fused or compiled
+# kernel) can land far farther from float64 than eager happened to on one run. They are
+# compared per tensor by root-mean-square error against float64: the candidate may be
+# GRAD_NOISE_FACTOR times as far as the reference (its distance plus its run-to-run spread),
+# plus GRAD_RTOL of the tensor's own RMS. Measured: torch.compile's step of the example CNN
+# put a batch-norm weight's gradient 3e-4 of its RMS from float64, eager 3e-6. A rewrite that
+# changes a gradient (scales it, drops a path, misses one row in a thousand) is off by 3 % of
+# the tensor or more, beyond either term.
 GRAD_NOISE_FACTOR = 10.0
-GRAD_RTOL = 1e-5
-GRAD_RTOL_NO_TWIN = 1e-4  # without a float64 reference the noise is only the spread
+GRAD_RTOL = 1e-3
 
 Forward = Callable[..., tuple[torch.Tensor, Any]]
 
@@ -271,8 +272,7 @@ def _state_mismatch(what: str, ref: Any, again: Any, truth: Any, got: Any) -> st
         return f"{what}: nan/inf where the reference has none (or the other way)"
     r1, r2, c, t = r1[finite], r2[finite], c[finite], t[finite]
     noise = _rms(r1 - t) + _rms(r1 - r2)
-    rtol = GRAD_RTOL if has_truth else GRAD_RTOL_NO_TWIN
-    allowed = GRAD_NOISE_FACTOR * noise + rtol * _rms(t)
+    allowed = GRAD_NOISE_FACTOR * noise + GRAD_RTOL * _rms(t)
     error = _rms(c - t)
     if error <= allowed or error == 0.0:
         return None
