@@ -225,6 +225,12 @@ def tune_cmd(
             f"training step: loss = {cfg.training.loss if cfg.training else '?'}; optimizer "
             f"{(cfg.training.optimizer if cfg.training else None) or 'none (gradients only)'}"
         )
+        versus = cfg.tuning.get("versus_compile")
+        if versus and versus.get("speedup"):
+            target.print(
+                f"{versus['candidate']} over torch.compile of the original step: "
+                f"{versus['speedup']:.2f}x, 95% interval {format_interval(versus.get('ci'))}"
+            )
     target.print(
         f"chosen: {cfg.whole_model.name} (backend {cfg.backend}); "
         f"{accepted}/{len(cfg.sites)} distinct sites accepted; "

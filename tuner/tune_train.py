@@ -90,6 +90,7 @@ class TrainTuner(Tuner):
         self.notes: list[str] = []
         self._baseline: TrainRunner | None = None
         self._reference: ReferenceSteps | None = None  # the original's checked steps
+        self._built: list[Candidate] = []  # the candidates, with their runners once judged
 
     def _passes(self) -> list[str]:
         asked = self.options.passes
@@ -138,6 +139,7 @@ class TrainTuner(Tuner):
         blind_steps = _steps_from_sites(blind.applied)
         original = Transformed(gm0, inputs)
         out = [Candidate(b, b, [], original) for b in wanted if b != "eager"]
+        self._built = out
         if not blind.applied:
             return out
         for b in wanted:
@@ -245,6 +247,29 @@ class TrainTuner(Tuner):
         step = runner.step if runner is not None else eager_runner(replay.gm, self.optimizer).step
         return _Verified(fig, chosen, replay, step, verification)
 
+    def _versus_compile(
+        self, captured: _Captured, verified: _Verified, started: float
+    ) -> dict[str, Any] | None:
+        """The shipped step timed against torch.compile of the original's step (the peer a
+        user would otherwise run), interleaved: speedup > 1 means the shipped step is faster.
+        None when the peer was not built or is what ships."""
+        peer = next((c for c in self._built if c.name == "compile"), None)
+        chosen = verified.candidate
+        runner = peer.runner if peer is not None else None
+        if not isinstance(runner, TrainRunner) or chosen.name == "compile":
+            return None
+        shipped = verified.runner
+        packed = verified.replay.pack(captured.inputs)
+        budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 0.5))
+        c = compare(
+            lambda: runner.step(*captured.inputs),
+            lambda: shipped(*packed),
+            device=self.device,
+            budget_s=budget,
+        )
+        self.samples["versus_compile"] = {"baseline_s": c.baseline_s, "candidate_s": c.candidate_s}
+        return {"candidate": chosen.name, **timing_fields(c)}
+
     def _config(
         self,
         fingerprint: str,
@@ -255,7 +280,8 @@ class TrainTuner(Tuner):
         started: float,
     ) -> TunedConfig:
         config = super()._config(fingerprint, captured, search, figures, verified, started)
-        tuning = {**config.tuning, "notes": self.notes}
+        versus = self._versus_compile(captured, verified, started)
+        tuning = {**config.tuning, "notes": self.notes, "versus_compile": versus}
         setup = TrainingSetup(
             optimizer=self.optimizer, loss=loss_rule(captured.gm, captured.inputs)
         )

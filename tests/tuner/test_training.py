@@ -60,7 +60,7 @@ def test_tuner_rejects_the_planted_gradient_bug_before_timing(tmp_path: Path) ->
         mode="train",
         optimizer="sgd",
         passes=["test_half_grad_relu"],
-        backends=["eager"],
+        backends=["eager", "inductor"],
         budget_s=20,
         cache_path=tmp_path / "cache.json",
     )
@@ -77,6 +77,8 @@ def test_tuner_rejects_the_planted_gradient_bug_before_timing(tmp_path: Path) ->
     assert config.whole_model.name == "original"
     assert config.mode == "train"
     assert config.training is not None and config.training.optimizer == "sgd"
+    # AOTInductor has no backward: never a training candidate, and the report says so.
+    assert any("inductor" in note and "inference-only" in note for note in config.tuning["notes"])
 
 
 def test_training_refuses_passes_not_valid_in_training(tmp_path: Path) -> None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 
 from examples.models import RecSys
 from examples.training import export_for_training, recsys_train
 from tuner.apply import apply_passes, count_ops
-from tuner.capture import save_program, to_graph_module
+from tuner.capture import export_module, save_program, to_graph_module
 from tuner.passes import get_pass, pass_names
 from tuner.training import loss_of
+from tuner.tune import TuneOptions, tune_program
 
 
 def _losses(model: torch.nn.Module, batches: list[tuple], lr: float) -> list[float]:
@@ -56,3 +58,29 @@ def test_tuned_recsys_trains_like_the_original_for_50_sgd_steps(tmp_path: Path) 
     fresh.load_state_dict(tuned.state_dict())  # strict: the original's keys, nothing else
     for name, value in original.state_dict().items():
         torch.testing.assert_close(fresh.state_dict()[name], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_training_steps_are_checked_timed_and_compared(tmp_path: Path) -> None:
+    """torch.compile of a step with dropout passes the check (inductor's fallback_random draws
+    eager's masks), is timed, and the shipped step is timed against it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 4)
+    )
+    program = export_module(model.train(), (torch.randn(16, 32),))
+    options = TuneOptions(
+        mode="train",
+        optimizer="adamw",
+        backends=["eager", "compile"],
+        budget_s=60,
+        whole_model_budget_s=2,
+        cache_path=tmp_path / "c.json",
+    )
+    config = tune_program(program, options).config
+    (peer,) = [c for c in config.candidates if c.name == "compile"]
+    assert peer.verdict not in ("wrong outputs", "failed to run"), peer.reason
+    assert peer.rounds > 0
+    if config.whole_model.name != "compile":
+        versus = config.tuning["versus_compile"]
+        assert versus["rounds"] > 0 and versus["speedup"] > 0
