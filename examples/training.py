@@ -41,9 +41,9 @@ def _train(example: Example) -> Example:
     return example
 
 
-def recsys_train(batch: int = 64) -> Example:
+def recsys_train(batch: int = 64, num_sparse: int = 32) -> Example:
     """The recsys example in train mode: dropout before the towers is live."""
-    return _train(recsys(batch))
+    return _train(recsys(batch, num_sparse))
 
 
 def cnn_train(batch: int = 8) -> Example:

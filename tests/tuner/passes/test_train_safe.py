@@ -27,7 +27,7 @@ def test_each_pass_says_whether_it_is_valid_in_training() -> None:
 
 
 MODELS: dict[str, Callable[[], Example]] = {
-    "recsys": lambda: recsys_train(batch=16),
+    "recsys": lambda: recsys_train(batch=16, num_sparse=8),
     "transformer": lambda: transformer_train(batch=2, seq=16),
     "cnn": lambda: cnn_train(batch=2),
 }
