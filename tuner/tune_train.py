@@ -41,6 +41,7 @@ from tuner.config import (
     timing_fields,
 )
 from tuner.errors import InputError
+from tuner.graph import arg, aten
 from tuner.measure import compare, fixed_threads, fresh_inputs, quick_per_call_s, verdict
 from tuner.passes import get_pass, pass_names
 from tuner.search import Progress, SearchResult
@@ -69,6 +70,18 @@ COMPILE_KEY = "compile-train"
 NOT_TRAINABLE = {
     "inductor": "AOTInductor packages are inference-only (no backward): not a training candidate"
 }
+
+
+def eval_mode_ops(gm: fx.GraphModule) -> list[str]:
+    """Nodes that show an eval-mode export: dropout off, batch norm on running statistics."""
+    flags = {aten.dropout.default: (2, "train"), aten.batch_norm.default: (5, "training")}
+    return [
+        node.name
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and node.target in flags
+        and arg(node, *flags[node.target]) is False
+    ]
 
 
 def loss_rule(gm: fx.GraphModule, inputs: Inputs) -> str:
@@ -107,6 +120,13 @@ class TrainTuner(Tuner):
         skipped: list[str] = []
         if spec is not None:
             skipped.append("training is tuned at the example's size only")
+        frozen = eval_mode_ops(gm0)
+        if frozen:
+            self.notes.append(
+                f"the program was exported in eval mode ({', '.join(frozen)}): its step trains "
+                "with frozen batch norm statistics and no dropout; export the module after "
+                "model.train() to tune the training step it really takes"
+            )
         return _Captured(gm0, inputs, spec, skipped)
 
     def _baseline_runner(self, gm0: fx.GraphModule) -> TrainRunner:

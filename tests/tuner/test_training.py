@@ -1,20 +1,16 @@
-"""Training steps: the loss, the step check, and the tuner in training mode (tuner.training,
-tuner.tune_train)."""
+"""Training steps: the loss, the step check, what may run in training (tuner.training)."""
 
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from fxtune_cli import app
 from tests.tuner.tuning_fixtures import HalfGradRelu, TwoLayerReluNet, WrongRelu, registered
 from tuner.apply import apply_steps
-from tuner.capture import export_module, save_program, to_graph_module
+from tuner.capture import export_module, to_graph_module
 from tuner.config import TunedConfig
 from tuner.errors import InputError, PassError
 from tuner.measure import check_outputs, fresh_inputs
@@ -54,33 +50,6 @@ def test_a_gradient_breaking_rewrite_is_caught_though_the_forward_is_identical()
         assert wrong is not None and "gradient of fc1." in wrong
 
 
-def test_tuner_rejects_the_planted_gradient_bug_before_timing(tmp_path: Path) -> None:
-    program, _ = _program()
-    options = TuneOptions(
-        mode="train",
-        optimizer="sgd",
-        passes=["test_half_grad_relu"],
-        backends=["eager", "inductor"],
-        budget_s=20,
-        cache_path=tmp_path / "cache.json",
-    )
-    with registered(HalfGradRelu):
-        outcome = tune_program(program, options)
-    config = outcome.config
-    (cand,) = config.candidates
-    assert cand.name == "eager + every pass"
-    assert cand.verdict == "wrong outputs"
-    assert "gradient of fc1." in (cand.reason or "")
-    assert cand.rounds == 0 and cand.speedup is None
-    assert not any(key.startswith("model:") for key in outcome.samples)
-    assert config.tuning["timed_candidates"] == 0
-    assert config.whole_model.name == "original"
-    assert config.mode == "train"
-    assert config.training is not None and config.training.optimizer == "sgd"
-    # AOTInductor has no backward: never a training candidate, and the report says so.
-    assert any("inductor" in note and "inference-only" in note for note in config.tuning["notes"])
-
-
 def test_training_refuses_passes_not_valid_in_training(tmp_path: Path) -> None:
     program, x = _program()
     gm = to_graph_module(program, train=True)
@@ -113,24 +82,3 @@ def test_old_configs_read_as_inference_configs() -> None:
     }
     config = TunedConfig.model_validate(raw)
     assert config.mode == "infer" and config.training is None
-
-
-def test_cli_tunes_a_training_step(tmp_path: Path) -> None:
-    program, x = _program()
-    model = save_program(program, tmp_path / "m.pt2")
-    out, report = tmp_path / "out" / "tuned.pt2", tmp_path / "out" / "report.json"
-    args = ["tune", str(model), "--out", str(out), "--report", str(report)]
-    args += ["--mode", "train", "--optimizer", "adamw", "--budget-s", "15", "--backend", "eager"]
-    args += ["--cache", str(tmp_path / "c.json")]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    doc = json.loads(report.read_text())
-    config = TunedConfig.model_validate(doc["config"])
-    assert config.mode == "train" and config.training and config.training.optimizer == "adamw"
-    assert set(doc["profiles"]) == {"baseline", "tuned"}
-    # The written program trains with plain torch: gradients reach its parameters.
-    tuned = torch.export.load(out).module()
-    loss_of(tuned(*x)).backward()
-    assert all(p.grad is not None for p in tuned.parameters())
-    bad = CliRunner().invoke(app, [*args[:5], "--mode", "infer", "--optimizer", "sgd"])
-    assert bad.exit_code == 2, bad.output

@@ -1,20 +1,36 @@
-"""A tuned training module trains as the original does (tuner.tune_train's contract)."""
+"""The tuner in training mode (tuner.tune_train): a tuned module trains as the original does,
+candidates are checked before they are timed, and the command line."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from examples.models import RecSys
 from examples.training import export_for_training, recsys_train
+from fxtune_cli import app
+from tests.tuner.tuning_fixtures import HalfGradRelu, TwoLayerReluNet, registered
 from tuner.apply import apply_passes, count_ops
 from tuner.capture import export_module, save_program, to_graph_module
+from tuner.config import TunedConfig
 from tuner.passes import get_pass, pass_names
 from tuner.training import loss_of
 from tuner.tune import TuneOptions, tune_program
+
+
+def _program() -> tuple[torch.export.ExportedProgram, tuple[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    model = TwoLayerReluNet()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    x = (torch.randn(16, 32, generator=gen),)
+    return export_module(model.train(), x), x
 
 
 def _losses(model: torch.nn.Module, batches: list[tuple], lr: float) -> list[float]:
@@ -74,7 +90,8 @@ def test_compiled_training_steps_are_checked_timed_and_compared(tmp_path: Path) 
         optimizer="adamw",
         backends=["eager", "compile"],
         budget_s=300,  # a limit: the run ends when its candidates are done
-        whole_model_budget_s=2,
+        whole_model_budget_s=3,
+        threads=1,  # two threads on two shared cores stall tiny kernels for milliseconds
         cache_path=tmp_path / "c.json",
     )
     config = tune_program(program, options).config
@@ -84,3 +101,61 @@ def test_compiled_training_steps_are_checked_timed_and_compared(tmp_path: Path) 
     if config.whole_model.name != "compile":
         versus = config.tuning["versus_compile"]
         assert versus["rounds"] > 0 and versus["speedup"] > 0
+
+
+def test_tuner_rejects_the_planted_gradient_bug_before_timing(tmp_path: Path) -> None:
+    program, _ = _program()
+    options = TuneOptions(
+        mode="train",
+        optimizer="sgd",
+        passes=["test_half_grad_relu"],
+        backends=["eager", "inductor"],
+        budget_s=20,
+        cache_path=tmp_path / "cache.json",
+    )
+    with registered(HalfGradRelu):
+        outcome = tune_program(program, options)
+    config = outcome.config
+    (cand,) = config.candidates
+    assert cand.name == "eager + every pass"
+    assert cand.verdict == "wrong outputs"
+    assert "gradient of fc1." in (cand.reason or "")
+    assert cand.rounds == 0 and cand.speedup is None
+    assert not any(key.startswith("model:") for key in outcome.samples)
+    assert config.tuning["timed_candidates"] == 0
+    assert config.whole_model.name == "original"
+    assert config.mode == "train"
+    assert config.training is not None and config.training.optimizer == "sgd"
+    # AOTInductor has no backward: never a training candidate, and the report says so.
+    assert any("inductor" in note and "inference-only" in note for note in config.tuning["notes"])
+
+
+def test_an_eval_mode_export_is_tuned_with_a_note_saying_so() -> None:
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    x = (torch.randn(4, 8),)
+    options = TuneOptions(mode="train", backends=["eager"], passes=[], budget_s=10)
+    notes = tune_program(export_module(module.eval(), x), options).config.tuning["notes"]
+    assert any("exported in eval mode (dropout)" in n for n in notes)
+    notes = tune_program(export_module(module.train(), x), options).config.tuning["notes"]
+    assert not any("eval mode" in n for n in notes)
+
+
+def test_cli_tunes_a_training_step(tmp_path: Path) -> None:
+    program, x = _program()
+    model = save_program(program, tmp_path / "m.pt2")
+    out, report = tmp_path / "out" / "tuned.pt2", tmp_path / "out" / "report.json"
+    args = ["tune", str(model), "--out", str(out), "--report", str(report)]
+    args += ["--mode", "train", "--optimizer", "adamw", "--budget-s", "15", "--backend", "eager"]
+    args += ["--cache", str(tmp_path / "c.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(report.read_text())
+    config = TunedConfig.model_validate(doc["config"])
+    assert config.mode == "train" and config.training and config.training.optimizer == "adamw"
+    assert set(doc["profiles"]) == {"baseline", "tuned"}
+    # The written program trains with plain torch: gradients reach its parameters.
+    tuned = torch.export.load(out).module()
+    loss_of(tuned(*x)).backward()
+    assert all(p.grad is not None for p in tuned.parameters())
+    bad = CliRunner().invoke(app, [*args[:5], "--mode", "infer", "--optimizer", "sgd"])
+    assert bad.exit_code == 2, bad.output
