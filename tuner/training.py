@@ -339,6 +339,8 @@ class ReferenceSteps:
         self.inputs_list = inputs_list
         self.seed = seed
         self._records: list[tuple[StepRecord, StepRecord, StepRecord | None]] = []
+        # The largest absolute and relative output errors of the candidates checked so far.
+        self.output_errors: tuple[float, float] = (0.0, 0.0)
 
     def _record(self, i: int) -> tuple[StepRecord, StepRecord, StepRecord | None]:
         if not self._records:
@@ -370,10 +372,24 @@ class ReferenceSteps:
                 got = candidate.record(pack(inputs), self.seed + i)
             except Exception as exc:
                 return f"input set {i}: the candidate's step raised {type(exc).__name__}: {exc}"
+            self._note_errors(first, got)
             reason = step_mismatch(first, again, truth, got)
             if reason is not None:
                 return f"input set {i}, {reason}"
         return None
+
+    def _note_errors(self, first: StepRecord, got: StepRecord) -> None:
+        worst_abs, worst_rel = self.output_errors
+        for e, g in zip(first.outputs, got.outputs, strict=False):
+            if not (isinstance(e, torch.Tensor) and isinstance(g, torch.Tensor)):
+                continue
+            if e.shape != g.shape or not e.is_floating_point() or not e.numel():
+                continue
+            diff = float((e.double() - g.double()).abs().max())
+            scale = float(e.double().abs().max())
+            worst_abs = max(worst_abs, diff)
+            worst_rel = max(worst_rel, diff / max(scale, 1e-12))
+        self.output_errors = (worst_abs, worst_rel)
 
 
 def check_training(

@@ -60,7 +60,6 @@ from tuner.tune import (
     _original,
     _steps_from_sites,
     _Verified,
-    output_errors,
     to_device,
 )
 
@@ -85,9 +84,12 @@ def eval_mode_ops(gm: fx.GraphModule) -> list[str]:
 
 
 def loss_rule(gm: fx.GraphModule, inputs: Inputs) -> str:
-    """Which loss the step takes: the program's scalar output, or the documented default."""
+    """Which loss the step takes: the program's scalar output, or the documented default.
+
+    Run on a copy: a training graph's batch norms update their running statistics in place.
+    """
     with torch.no_grad():
-        flat = torch.utils._pytree.tree_flatten(gm(*inputs))[0]
+        flat = torch.utils._pytree.tree_flatten(copy.deepcopy(gm)(*inputs))[0]
     for j, t in enumerate(flat):
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 0:
             return f"the program's scalar output {j}"
@@ -251,7 +253,9 @@ class TrainTuner(Tuner):
         runner = chosen.runner if isinstance(chosen.runner, TrainRunner) else None
         if wrong is None and runner is not None:
             wrong = reference.check(runner, replay.pack)
-        abs_err, rel_err = output_errors(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
+        # From the checked steps (seeded alike): calling the modules here would draw other
+        # dropout masks and move their batch norms' running statistics.
+        abs_err, rel_err = reference.output_errors
         verification = Verification(
             inputs=len(trials),
             max_abs_error=abs_err,

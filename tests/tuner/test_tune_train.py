@@ -159,3 +159,24 @@ def test_cli_tunes_a_training_step(tmp_path: Path) -> None:
     assert all(p.grad is not None for p in tuned.parameters())
     bad = CliRunner().invoke(app, [*args[:5], "--mode", "infer", "--optimizer", "sgd"])
     assert bad.exit_code == 2, bad.output
+
+
+def test_tuning_leaves_batch_norm_statistics_as_exported(tmp_path: Path) -> None:
+    """A training graph's batch norm updates its running statistics on every call: neither
+    checking nor verifying may run the module that ships (nor the original it replays)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten()
+    )
+    program = export_module(model.train(), (torch.randn(4, 3, 12, 12),))
+    exported = {k: v.clone() for k, v in program.state_dict.items()}
+    options = TuneOptions(
+        mode="train", backends=["eager"], passes=["channels_last"], budget_s=30, threads=1
+    )
+    outcome = tune_program(program, options)
+    assert outcome.config.candidates[0].verdict != "wrong outputs"
+    shipped = outcome.tuned.to_program().state_dict
+    for name, value in exported.items():
+        torch.testing.assert_close(shipped[name], value, rtol=0, atol=0)
+        torch.testing.assert_close(program.state_dict[name], value, rtol=0, atol=0)
+    assert "running_mean" in " ".join(exported)
