@@ -1,11 +1,12 @@
 """Training-step tuning of each example: `python -m bench.train [--optimizer sgd] [--threads 1]`.
 
 For each example exported in train mode (`examples.training`), a `--mode train` tuning run
-with eager and torch.compile candidates; prints and writes (`bench/out/train.json`) every
-candidate's per-step speed ratio over the original's eager step and the shipped step's ratio
-over torch.compile of the original's step, each with its 95% interval, all from interleaved
-timing in one run. On a shared machine use `--threads 1`: two threads on two busy cores stall
-each small kernel for a scheduler slice, and the step times then say more about the load.
+with eager and torch.compile candidates; prints and writes (`bench/out/train-<optimizer>.json`)
+every candidate's per-step speed ratio over the original's eager step and the shipped step's
+ratio over torch.compile of the original's step, each with its 95% interval, all from
+interleaved timing in one run. On a shared machine use `--threads 1`: two threads on two busy
+cores stall each small kernel for a scheduler slice, and the step times then say more about
+the load than about the step.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from examples.training import TRAINING, export_for_training
 from tuner.summary import format_interval
 from tuner.tune import TuneOptions, tune_program
 
-OUT = Path(__file__).parent / "out" / "train.json"
+OUT = Path(__file__).parent / "out"
 
 
 def run(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -72,8 +73,9 @@ def main() -> None:
     args = parser.parse_args()
     args.optimizer = None if args.optimizer == "none" else args.optimizer
     rows = [run(name, args) for name in args.models]
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2, default=str))
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"train-{args.optimizer or 'none'}.json"
+    path.write_text(json.dumps(rows, indent=2, default=str))
     table = Table("model", "candidate", "x eager step", "95% interval", "verdict")
     for row in rows:
         for c in row["candidates"]:
