@@ -174,7 +174,7 @@ def test_tuning_leaves_batch_norm_statistics_as_exported(tmp_path: Path) -> None
         mode="train", backends=["eager"], passes=["channels_last"], budget_s=30, threads=1
     )
     outcome = tune_program(program, options)
-    assert outcome.config.candidates[0].verdict != "wrong outputs"
+    assert outcome.config.candidates[0].verdict in ("faster", "slower", "within noise")
     shipped = outcome.tuned.to_program().state_dict
     for name, value in exported.items():
         torch.testing.assert_close(shipped[name], value, rtol=0, atol=0)
