@@ -123,9 +123,10 @@ class StepRecord:
 class TrainRunner:
     """A module trained one step at a time, from the same starting state each time it records.
 
-    `forward` is how it runs (eager `WithLoss(module)`, or its torch.compile); the module's
-    parameters are what the optimizer updates. The starting state is snapshot at creation, so
-    `record` can be called on several input sets and each starts from the original weights.
+    `forward` gives (loss, outputs): eager `WithLoss(module)` by default, or the compiled
+    module's (`compiled_runner`); the module's parameters are what the optimizer updates. The
+    starting state is snapshot at creation, so `record` can be called on several input sets
+    and each starts from the original weights.
     """
 
     module: nn.Module
