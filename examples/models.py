@@ -111,10 +111,10 @@ def _sparse_inputs(
     return out
 
 
-def recsys(batch: int = 256) -> Example:
+def recsys(batch: int = 256, num_sparse: int = 32) -> Example:
     gen = torch.Generator().manual_seed(1)
     torch.manual_seed(1)
-    model = RecSys()
+    model = RecSys(num_sparse=num_sparse)
     _randomize_layer_norms(model, gen)
     num_rows = model.bags[0].num_embeddings
     # Static shapes: the bag sizes (1-5 per sample) are fixed per feature, only their order varies.
@@ -128,8 +128,8 @@ def recsys(batch: int = 256) -> Example:
         "recsys",
         model.eval(),
         make_inputs(torch.Generator().manual_seed(0)),
-        "DLRM-like ranking model: 32 embedding bags -> split -> LayerNorm+Tanh -> cat, "
-        "bottom MLP, 4 parallel task towers (batch 256)",
+        f"DLRM-like ranking model: {num_sparse} embedding bags -> split -> LayerNorm+Tanh -> "
+        f"cat, bottom MLP, 4 parallel task towers (batch {batch})",
         make_inputs,
     )
 

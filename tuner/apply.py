@@ -12,6 +12,8 @@ from torch.export import ExportedProgram
 from torch.fx.passes.tools_common import stable_topological_sort
 
 from tuner.capture import Inputs, example_inputs, refresh_meta, to_graph_module, to_program
+from tuner.errors import PassError
+from tuner.graph import is_training
 from tuner.passes import get_pass
 from tuner.sites import Site
 
@@ -56,8 +58,11 @@ def cleanup(gm: fx.GraphModule) -> None:
 def apply_steps(gm: fx.GraphModule, inputs: Inputs, steps: Sequence[Step]) -> Transformed:
     """Apply passes in order to `gm` (in place). Later passes see what earlier ones made."""
     result = Transformed(gm, tuple(inputs))
+    training = is_training(gm)
     for pass_name, wanted in steps:
         graph_pass = get_pass(pass_name)
+        if training and not graph_pass.train_safe:
+            raise PassError(f"pass {pass_name!r} is not valid in a training step")
         chosen = [s for s in graph_pass.find_sites(gm) if wanted is None or s.id in wanted]
         if not chosen:
             continue
@@ -74,10 +79,14 @@ def apply_steps(gm: fx.GraphModule, inputs: Inputs, steps: Sequence[Step]) -> Tr
 
 
 def apply_passes(
-    program: ExportedProgram, pass_names: Sequence[str], site_ids: Collection[str] | None = None
+    program: ExportedProgram,
+    pass_names: Sequence[str],
+    site_ids: Collection[str] | None = None,
+    *,
+    train: bool = False,
 ) -> Transformed:
     """Every site of each named pass (or only `site_ids`), in the order given."""
-    gm = to_graph_module(program)
+    gm = to_graph_module(program, train=train)
     return apply_steps(gm, example_inputs(program), [(p, site_ids) for p in pass_names])
 
 

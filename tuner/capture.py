@@ -21,6 +21,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
 from tuner.errors import InputError
+from tuner.graph import TRAIN_KEY
 from tuner.shapes import (
     SPEC_KEY,
     check_still_dynamic,
@@ -66,8 +67,11 @@ def example_inputs(program: ExportedProgram) -> Inputs:
     return tuple(args)
 
 
-def to_graph_module(program: ExportedProgram) -> fx.GraphModule:
+def to_graph_module(program: ExportedProgram, *, train: bool = False) -> fx.GraphModule:
     """An editable copy of the program: unlifted, guard check removed, `meta["val"]` everywhere.
+
+    `train` marks it as a training step (`tuner.graph.TRAIN_KEY`): passes then keep the
+    parameters as the trainable leaves, and only passes that are `train_safe` apply.
 
     The guard check goes because fxtune checks inputs itself (`tuner.shapes.ShapeSpec`), and
     because a rewritten graph must be re-exported anyway. The placeholders keep the program's
@@ -77,6 +81,7 @@ def to_graph_module(program: ExportedProgram) -> fx.GraphModule:
     gm = program.module()
     inputs = example_inputs(program)
     gm.meta[SPEC_KEY] = spec_from_placeholders(program, gm, inputs)
+    gm.meta[TRAIN_KEY] = train
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)

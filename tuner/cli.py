@@ -155,6 +155,17 @@ def tune_cmd(
             "default: each dynamic dim's minimum, the example and a large value"
         ),
     ] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="infer: tune the forward; train: tune a training step (forward, loss, "
+            "backward; export the model in train mode)"
+        ),
+    ] = "infer",
+    optimizer: Annotated[
+        str | None,
+        typer.Option(help="With --mode train: also one optimizer step per step (sgd, adamw)"),
+    ] = None,
 ) -> None:
     """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
     if world_size > 1:
@@ -162,6 +173,8 @@ def tune_cmd(
 
         if sizes:
             raise fail(InputError("--sizes is not supported with --world-size (yet)"))
+        if mode != "infer":
+            raise fail(InputError("--mode train is not supported with --world-size (yet)"))
 
         tune_distributed_cmd(model, out, report, world_size, budget_s, threads, console)
         return
@@ -174,7 +187,6 @@ def tune_cmd(
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
     try:
         require_timing(device)  # a missing device fails before the model is even read
-        program = load_program(model)
         options = TuneOptions(
             device=device,
             budget_s=budget_s,
@@ -182,7 +194,10 @@ def tune_cmd(
             cache_path=cache,
             threads=threads,
             sizes=parse_sizes(sizes) or None,
+            mode=mode,  # type: ignore[arg-type]  # checked by TuneOptions
+            optimizer=optimizer,
         )
+        program = load_program(model)
         # The session (threads, work folder) outlives writing: the package is copied out of it.
         with _progress_printer(progress_json) as say, tuning_session(options) as session:
             outcome = tune_program(program, session, say)
@@ -205,6 +220,17 @@ def tune_cmd(
             by_size.add_row(f.label, speed, format_interval(f.ci), f.verdict)
         target.print(by_size)
     accepted = sum(1 for s in cfg.sites if s.accepted)
+    if cfg.mode == "train":
+        target.print(
+            f"training step: loss = {cfg.training.loss if cfg.training else '?'}; optimizer "
+            f"{(cfg.training.optimizer if cfg.training else None) or 'none (gradients only)'}"
+        )
+        versus = cfg.tuning.get("versus_compile")
+        if versus and versus.get("speedup"):
+            target.print(
+                f"{versus['candidate']} over torch.compile of the original step: "
+                f"{versus['speedup']:.2f}x, 95% interval {format_interval(versus.get('ci'))}"
+            )
     target.print(
         f"chosen: {cfg.whole_model.name} (backend {cfg.backend}); "
         f"{accepted}/{len(cfg.sites)} distinct sites accepted; "

@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import torch
@@ -289,8 +289,24 @@ def _compiled(module: nn.Module, program: ExportedProgram, device: Device) -> nn
     return compiled
 
 
+def _trainable(tuned: Transformed, device: Device) -> nn.Module:
+    """A training config's module, re-exported: the original's state_dict keys (no wrapper
+    prefix), parameters an optimizer trains, and export's own guard on input shapes."""
+    from tuner.capture import to_program
+
+    if tuned.packers:
+        raise LookupError(
+            "the training config packs the inputs (combine_sparse_inputs); load_tuned keeps "
+            "signatures only at inference: use the tuned .pt2 and its packed inputs"
+        )
+    inputs = tuple(
+        x.to(device.torch_device) if isinstance(x, torch.Tensor) else x for x in tuned.inputs
+    )
+    return to_program(tuned.gm.to(device.torch_device), inputs).module()
+
+
 def _tuned(
-    program: ExportedProgram, device: Device, compile: bool, **fetch: Any
+    program: ExportedProgram, device: Device, compile: bool, mode: str = "infer", **fetch: Any
 ) -> tuple[nn.Module, list[str]]:
     """The tuned module and what the caller should be warned about; raises on any failure."""
     fingerprint = model_fingerprint(program)
@@ -299,8 +315,17 @@ def _tuned(
         raise LookupError(source)
     log.info("fxtune: config for %s (%s) from %s", fingerprint, device, source)
     config = checked_config(raw, fingerprint)
+    if config.mode != mode:
+        raise LookupError(f"the config was tuned for mode {config.mode!r}, not {mode!r}")
     tuned = apply_config(program, config)
     _check_replayed(config, tuned)
+    if mode == "train":
+        notes = []
+        if source.startswith("cache: "):
+            notes.append(f"using the cached config ({source.removeprefix('cache: ')})")
+        if config.backend == "compile":
+            notes.append("the config chose torch.compile: wrap the module in it to train faster")
+        return _trainable(tuned, device), notes
     spec = spec_of(tuned.gm)
     if spec is None:
         raise LookupError("the replayed module lost the program's input shapes")
@@ -330,6 +355,7 @@ def load_tuned(
     timeout: float = 5.0,
     token: str | None = None,
     compile: bool = True,
+    mode: Literal["infer", "train"] = "infer",
 ) -> nn.Module:
     """The model with its tuned config applied, or untuned with one warning when that fails.
 
@@ -340,6 +366,12 @@ def load_tuned(
     A tuned module whose inputs were packed (combine_sparse_inputs) still takes the original
     inputs (`PackedInputs`). A .pt2 path is loaded with fxtune's restricted loader; a file it
     refuses raises (there is no model to fall back to).
+
+    `mode="train"` asks for a training config (`fxtune tune --mode train`, a program exported
+    in train mode): the result is a plain module with the original's state_dict keys whose
+    parameters an optimizer trains; it is not compiled (a note says when the config chose
+    torch.compile) and inputs of other shapes raise export's guard error. A config of the
+    other mode is not applied (untuned, with one warning).
     """
     device = Device.parse(device)  # a malformed device is the caller's bug: no silent fallback
     if token is None:
@@ -356,6 +388,7 @@ def load_tuned(
             program,
             device,
             compile,
+            mode,
             server=server,
             cache_dir=cache_dir,
             timeout=timeout,

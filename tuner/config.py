@@ -20,8 +20,11 @@ from tuner.summary import Interval  # a bound is None where it is open
 
 # 2 added (all defaulted, so version 1 configs still load): `shapes` (the dynamic dimensions the
 # program serves), `sizes` (per-size figures), `refusals`, and per-size figures on decisions.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# 3 added (defaulted: older configs read as inference configs): `mode` and `training`.
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+
+Mode = Literal["infer", "train"]
 
 Verdict = Literal[
     "faster", "slower", "within noise", "wrong outputs", "failed to run", "crashed", "not measured"
@@ -120,8 +123,20 @@ class Verification(BaseModel):
     reason: str | None = None
 
 
+class TrainingSetup(BaseModel):
+    """What a training config's step is: the optimizer stepped (None: gradients only) and how
+    the loss is taken from the outputs (`tuner.training.loss_of`)."""
+
+    optimizer: str | None = None
+    loss: str
+
+
 class TunedConfig(BaseModel):
     schema_version: int = SCHEMA_VERSION
+    # "train": tuned as a training step (forward, loss, backward, optimizer step); replaying it
+    # applies only training-safe passes, keeping the parameters as the trainable leaves.
+    mode: Mode = "infer"
+    training: TrainingSetup | None = None
     model_fingerprint: str
     hardware: dict[str, Any]
     backend: str
@@ -163,9 +178,12 @@ def apply_config(program: ExportedProgram, config: TunedConfig | dict[str, Any])
     """Reproduce the tuned module from the original program deterministically, measuring nothing."""
     if isinstance(config, dict):
         config = TunedConfig.model_validate(json.loads(json.dumps(config)))
-    return replay_steps(program, config.passes)
+    return replay_steps(program, config.passes, train=config.mode == "train")
 
 
-def replay_steps(program: ExportedProgram, passes: list[PassStep]) -> Transformed:
+def replay_steps(
+    program: ExportedProgram, passes: list[PassStep], *, train: bool = False
+) -> Transformed:
     """The recorded steps applied to a fresh copy of the original: what a config replays to."""
-    return apply_steps(to_graph_module(program), example_inputs(program), steps_of(passes))
+    gm = to_graph_module(program, train=train)
+    return apply_steps(gm, example_inputs(program), steps_of(passes))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,15 +98,50 @@ def attr_tensor(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
     return obj if isinstance(obj, torch.Tensor) else None
 
 
-def add_weight(gm: fx.GraphModule, stem: str, tensor: torch.Tensor) -> str:
-    """Register a new constant tensor on the module under a fresh name; returns the name."""
+def add_weight(
+    gm: fx.GraphModule, stem: str, tensor: torch.Tensor, *, persistent: bool = True
+) -> str:
+    """Register a new constant tensor on the module under a fresh name; returns the name.
+
+    `persistent=False` keeps it out of the state_dict: a training graph's constants (index
+    shifts) must not add keys, so the tuned module's state_dict still loads into the original.
+    """
     base = "fxtune_" + stem.replace(".", "_")
     name, i = base, 0
     while hasattr(gm, name):
         i += 1
         name = f"{base}_{i}"
-    gm.register_buffer(name, tensor.detach().clone().contiguous())
+    gm.register_buffer(name, tensor.detach().clone().contiguous(), persistent=persistent)
     return name
+
+
+# gm.meta key marking a graph captured for training (`tuner.capture.to_graph_module`).
+TRAIN_KEY = "fxtune_train"
+
+
+def is_training(gm: fx.GraphModule) -> bool:
+    """Whether `gm` is tuned as a training step: its parameters must stay the trainable leaves.
+
+    Passes that would derive new weights from parameters (stacked, concatenated, re-laid-out)
+    then compute them inside the graph on every step instead of storing a constant, so the
+    gradient reaches the original parameters and an optimizer over them still trains the module.
+    """
+    return bool(gm.meta.get(TRAIN_KEY, False))
+
+
+def derived_weight(
+    gm: fx.GraphModule,
+    sources: Sequence[fx.Node],
+    stem: str,
+    value: Callable[[], torch.Tensor],
+    build: Callable[[fx.Graph, list[fx.Node]], fx.Node],
+) -> fx.Node:
+    """A weight computed from `sources` (get_attr nodes): at inference a constant registered
+    under `stem` (`value()` computes it once), in training `build(graph, sources)` nodes that
+    compute it per step (insert where the sources are visible)."""
+    if is_training(gm):
+        return build(gm.graph, list(sources))
+    return gm.graph.get_attr(add_weight(gm, stem, value()))
 
 
 def mutated_nodes(gm: fx.GraphModule) -> set[fx.Node]:

@@ -440,15 +440,17 @@ def check_outputs(
                 return f"input set {i}: {len(got)} outputs, expected {len(first)}"
             for j, (r1, r2, c) in enumerate(zip(first, second, got, strict=True)):
                 truth = exact[j] if exact is not None and len(exact) == len(first) else None
-                reason = _leaf_mismatch(r1, r2, truth, c, rtol, atol)
+                reason = leaf_mismatch(r1, r2, truth, c, rtol, atol)
                 if reason is not None:
                     return f"input set {i}, output {j}: {reason}"
     return None
 
 
-def _leaf_mismatch(
+def leaf_mismatch(
     ref: Any, ref_again: Any, truth: Any, got: Any, rtol: float, atol: float
 ) -> str | None:
+    """Why `got` differs from `ref` beyond the reference's own noise (`ref_again`: a second
+    run; `truth`: a float64 result or None), or None. Shared with `tuner.training`."""
     if not isinstance(ref, torch.Tensor):
         return None if got == ref else f"got {got!r}, expected {ref!r}"
     if not isinstance(got, torch.Tensor):

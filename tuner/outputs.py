@@ -60,7 +60,14 @@ def write_outputs(
         from tuner.profile import profile_callable
 
         say(0.97, "profiling baseline and tuned")
-        base_mod = outcome.original.module().to(device.torch_device)
+        base_mod: Callable[..., Any] = outcome.original.module().to(device.torch_device)
+        if config.mode == "train":
+            # A training step is what was tuned, so a step is what is profiled: the original's
+            # in eager, the tuned one as it was timed (outcome.runner is its step).
+            from tuner.training import eager_runner
+
+            optimizer = config.training.optimizer if config.training else None
+            base_mod = eager_runner(base_mod, optimizer, device.torch_device).step
         base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
         tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
         iterations = _profile_iterations(lambda: base_mod(*base_inputs))

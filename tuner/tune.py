@@ -32,6 +32,7 @@ from tuner.compile_child import CompileCrashed, CompileOverrun
 from tuner.compile_time import CompileTimes
 from tuner.config import (
     Figures,
+    Mode,
     PassStep,
     TunedConfig,
     Verification,
@@ -40,6 +41,7 @@ from tuner.config import (
     timing_fields,
 )
 from tuner.device import CPU, Device
+from tuner.errors import InputError
 from tuner.fingerprint import graph_fingerprint
 from tuner.hardware import describe, hardware_key
 from tuner.measure import (
@@ -84,9 +86,23 @@ class TuneOptions:
     # Sizes to tune a dynamic program at, per dynamic dim ({"batch": [1, 32, 512]}); None:
     # each dim's minimum, the example and a large value (tuner.sizes.default_sizes).
     sizes: dict[str, list[int]] | None = None
+    # "infer" tunes the forward; "train" a training step (tuner.tune_train): forward, loss,
+    # backward and, with `optimizer` (tuner.training.OPTIMIZERS), one optimizer step.
+    mode: Mode = "infer"
+    optimizer: str | None = None
 
     def __post_init__(self) -> None:
         self.device = Device.parse(self.device)
+        if self.mode not in TUNERS:
+            raise InputError(f"unknown mode {self.mode!r}; known: {', '.join(TUNERS)}")
+        if self.optimizer is not None:
+            from tuner.training import OPTIMIZERS
+
+            if self.mode != "train":
+                raise InputError("--optimizer applies to --mode train only")
+            if self.optimizer not in OPTIMIZERS:
+                known = ", ".join(OPTIMIZERS)
+                raise InputError(f"unknown optimizer {self.optimizer!r}; known: {known}")
 
 
 @dataclass
@@ -549,6 +565,20 @@ def _steps_from_sites(sites: list[Site]) -> list[PassStep]:
     return steps
 
 
+def _train_tuner() -> type[Tuner]:
+    from tuner.tune_train import TrainTuner  # it builds on this module
+
+    return TrainTuner
+
+
+# What each mode tunes: the forward (this module) or a training step (tuner.tune_train).
+TUNERS: dict[str, Callable[[], type[Tuner]]] = {"infer": lambda: Tuner, "train": _train_tuner}
+
+
+def tuner_for(mode: str) -> type[Tuner]:
+    return TUNERS[mode]()
+
+
 def tune_program(
     program: ExportedProgram, options: TuneOptions | None = None, progress: Progress | None = None
 ) -> TuneOutcome:
@@ -560,7 +590,7 @@ def tune_program(
     """
     options = options or TuneOptions()
     with tuning_session(options) as session:
-        outcome = Tuner(session).tune(program, progress)
+        outcome = tuner_for(session.mode)(session).tune(program, progress)
     if options.workdir is None:
         outcome.package = None
     return outcome

@@ -465,3 +465,45 @@ def test_fetch_command_writes_the_config_or_exits_2(
     ]:
         result = runner.invoke(app, ["fetch", target, "--server", server, "-o", "x.json"])
         assert result.exit_code == 2 and says in result.output, result.output
+
+
+class TwoHeads(nn.Module):
+    """Two linears on one input: fuse_horizontal_linear concatenates their weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 4)
+        self.b = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(self.a(x)), torch.tanh(self.b(x))], dim=1)
+
+
+def _linears(module: nn.Module) -> int:
+    assert isinstance(module, torch.fx.GraphModule)
+    return sum(n.target is torch.ops.aten.linear.default for n in module.graph.nodes)
+
+
+def test_a_training_config_gives_a_module_that_trains_as_the_original(
+    service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = service
+    torch.manual_seed(0)
+    program = export_module(TwoHeads().train(), (torch.randn(5, 6),))
+    config = tuned_config(program, "fuse_horizontal_linear", mode="train")
+    fake.configs[model_fingerprint(program)] = config
+    module, warned = load_recording(program, server=url, cache_dir=tmp_path, mode="train")
+    assert warned == []
+    original = program.module()
+    assert list(module.state_dict()) == list(original.state_dict())
+    assert _linears(module) == 1 and _linears(original) == 2  # fused: weights cat in the graph
+    x = torch.randn(5, 6)
+    for m in (module, original):
+        m(x).pow(2).mean().backward()
+    grads = dict(original.named_parameters())
+    for name, p in module.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad)
+    # A training config is not applied where an inference one is asked for, nor the reverse.
+    untuned, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert len(warned) == 1 and "mode 'train'" in warned[0]
+    assert _linears(untuned) == 2

@@ -69,3 +69,39 @@ class ReluNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.relu(x))
+
+
+class HalfGradRelu(_ReluPass):
+    """Forward-identical, gradient-wrong: relu's output x becomes x.detach() + (x - x.detach())
+    * 0.5, which equals x exactly (x - x is 0) but halves the gradient flowing back through it."""
+
+    name = "test_half_grad_relu"
+    description = "test only"
+    train_safe = True
+
+    def rewrite(self, gm: fx.GraphModule, site: Site) -> None:
+        (node,) = self.nodes_of(gm, site)
+        users = list(node.users)
+        graph = gm.graph
+        with graph.inserting_after(node):
+            frozen = graph.call_function(aten.detach.default, (node,))
+        with graph.inserting_after(frozen):
+            live = graph.call_function(aten.sub.Tensor, (node, frozen))
+        with graph.inserting_after(live):
+            half = graph.call_function(aten.mul.Tensor, (live, 0.5))
+        with graph.inserting_after(half):
+            out = graph.call_function(aten.add.Tensor, (frozen, half))
+        for user in users:
+            user.replace_input_with(node, out)
+
+
+class TwoLayerReluNet(nn.Module):
+    """A linear before the relu, so a wrong gradient through the relu reaches a parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))

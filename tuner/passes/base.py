@@ -34,6 +34,10 @@ class GraphPass(ABC):
     default_options: ClassVar[dict[str, Any]] = {}
     # Passes that change the program's inputs are judged on the whole model, not on a site.
     changes_inputs: ClassVar[bool] = False
+    # Whether the pass may rewrite a training step (`tuner.graph.is_training`): its rewrite keeps
+    # forward, every parameter's gradient and the parameters as the trainable leaves. False by
+    # default (fail closed): a pass must say it is safe, e.g. folding eval batch norm is not.
+    train_safe: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         unknown = set(options) - set(self.default_options)

@@ -20,6 +20,7 @@ from tuner.graph import (
     aten,
     attr_tensor,
     is_call,
+    is_training,
     mutated_aliases,
     mutated_nodes,
     only_user,
@@ -171,6 +172,9 @@ def _to_format(graph: fx.Graph, node: fx.Node, memory_format: torch.memory_forma
 @register
 class ChannelsLast(GraphPass):
     name = "channels_last"
+    # In training the NHWC weight is a per-step copy of the parameter (differentiable), not a
+    # constant, so the gradient still reaches the original weight.
+    train_safe = True
     description = "Run chains of 4-D convs and layout-agnostic ops in channels_last on CPU."
     default_options = {"min_convs": 1}
 
@@ -215,6 +219,9 @@ class ChannelsLast(GraphPass):
 
     @staticmethod
     def _nhwc_weight(gm: fx.GraphModule, weight_node: fx.Node, conv: fx.Node) -> fx.Node:
+        if is_training(gm):
+            with gm.graph.inserting_before(conv):
+                return _to_format(gm.graph, weight_node, torch.channels_last)
         weight = attr_tensor(gm, weight_node)
         assert weight is not None
         name = add_weight(gm, str(weight_node.target).removeprefix("fxtune_") + "_nhwc", weight)

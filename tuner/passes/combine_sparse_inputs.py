@@ -135,6 +135,7 @@ def _split(graph: fx.Graph, combined: fx.Node, parts: Sequence[fx.Node]) -> None
 @register
 class CombineSparseInputs(GraphPass):
     name = "combine_sparse_inputs"
+    train_safe = True  # integer inputs only: no weight and no gradient path changes
     description = (
         "Sparse-feature inputs used only as embedding-bag (indices, offsets) pairs become one "
         "indices input and one offsets input, split back inside the graph (changes the inputs)."

@@ -106,6 +106,7 @@ def _regroup(graph: fx.Graph, match: _Match) -> fx.Node:
 @register
 class EliminateSplitCat(GraphPass):
     name = "eliminate_split_cat"
+    train_safe = True  # no weights: views and pointwise ops, differentiable as they were
     description = (
         "A cat of all pieces of one split, in order, becomes the split's input (same dim) or a "
         "view/permute/reshape of it (equal pieces, another dim)."

@@ -87,6 +87,9 @@ def _folded(gm: fx.GraphModule, conv: fx.Node, bn: fx.Node) -> tuple[torch.Tenso
 class FoldConvBn(GraphPass):
     name = "fold_conv_bn"
     description = "Fold eval-mode batch norm into the preceding conv's weight and bias."
+    # Folding bakes conv and norm weights into constants (no gradient reaches them), and a
+    # batch norm in training uses batch statistics: never in training.
+    train_safe = False
 
     def find_sites(self, gm: fx.GraphModule) -> list[Site]:
         mutated = {str(n.target) for n in mutated_aliases(gm) if n.op == "get_attr"}

@@ -26,10 +26,12 @@ from tuner.graph import (
     arg,
     aten,
     attr_tensor,
+    derived_weight,
     getitem_users,
     independent_groups,
     is_call,
     is_symbolic,
+    is_training,
     mutated_aliases,
     tensor_val,
     topo_last,
@@ -163,7 +165,9 @@ def _concat_shifted(
     if not any(shifts):
         return joined
     shift = torch.tensor(shifts, dtype=like.dtype).repeat_interleave(torch.tensor(sizes))
-    shift = graph.get_attr(add_weight(gm, stem, shift.to(like.device)))
+    # Not in the state_dict of a training graph, which must keep the original's keys.
+    name = add_weight(gm, stem, shift.to(like.device), persistent=not is_training(gm))
+    shift = graph.get_attr(name)
     return graph.call_function(aten.add.Tensor, (joined, shift))
 
 
@@ -236,6 +240,7 @@ def _batch(graph: fx.Graph, bag: _Bag) -> int | fx.Node:
 @register
 class FuseHorizontalEmbeddingBag(GraphPass):
     name = "fuse_horizontal_embedding_bag"
+    train_safe = True  # concatenates the tables inside the graph in training
     description = (
         "Independent embedding bags of one width, mode and batch size become one lookup in a "
         "row-stacked table (table-batched embeddings)."
@@ -243,11 +248,16 @@ class FuseHorizontalEmbeddingBag(GraphPass):
 
     def find_sites(self, gm: fx.GraphModule) -> list[Site]:
         mutated = _mutated_tables(gm)
+        training = is_training(gm)
         buckets: dict[tuple[Any, ...], list[fx.Node]] = {}
         for node in gm.graph.nodes:
             bag = _parse(gm, node)
-            if bag is not None and str(bag.table.target) not in mutated:
-                buckets.setdefault(bag.key(gm), []).append(node)
+            if bag is None or str(bag.table.target) in mutated:
+                continue
+            if training and bool(arg(node, 5, "sparse", False)):
+                self.refuse(f"{node.name}: sparse gradients are not fused in training")
+                continue
+            buckets.setdefault(bag.key(gm), []).append(node)
         sites: list[Site] = []
         for nodes in buckets.values():
             for group in independent_groups(nodes):
@@ -271,11 +281,17 @@ class FuseHorizontalEmbeddingBag(GraphPass):
             raise LookupError(f"site {site.id} no longer matches {self.name}")
         found = [b for b in bags if b is not None]
         graph = gm.graph
-        tables = {str(b.table.target): attr_tensor(gm, b.table) for b in found}
-        stacked = torch.cat([t for t in tables.values() if t is not None])
+        tables = {str(b.table.target): b.table for b in found}
         first = found[0].node
         with graph.inserting_before(topo_last([b.node for b in found])):
-            table = graph.get_attr(add_weight(gm, "embedding_bag_stacked", stacked))
+            # In training the stack is a per-step cat of the original tables (the leaves).
+            table = derived_weight(
+                gm,
+                list(tables.values()),
+                "embedding_bag_stacked",
+                lambda: torch.cat([attr_tensor(gm, t) for t in tables.values()]),
+                lambda g, nodes: g.call_function(aten.cat.default, (nodes,)),
+            )
             weights = None
             if found[0].weights is not None:
                 weights = graph.call_function(aten.cat.default, ([b.weights for b in found],))

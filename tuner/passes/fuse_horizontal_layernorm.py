@@ -18,10 +18,10 @@ from torch import fx
 from tuner.graph import (
     SPLIT_OPS,
     SplitPieces,
-    add_weight,
     arg,
     aten,
     attr_tensor,
+    derived_weight,
     is_call,
     mutated_aliases,
     only_user,
@@ -90,6 +90,22 @@ def _match(gm: fx.GraphModule, node: fx.Node, mutated: set[fx.Node]) -> _Match |
     return match
 
 
+def _stacked(
+    gm: fx.GraphModule, match: _Match, index: int, stem: str, tensors: tuple[torch.Tensor, ...]
+) -> fx.Node:
+    """The norms' weights (index 2) or biases (3) as one (N, D) tensor: a constant at
+    inference, stacked in the graph per step in training (the originals stay the leaves)."""
+    names = {2: "weight", 3: "bias"}
+    sources = [arg(n, index, names[index]) for n in match.norms]
+    return derived_weight(
+        gm,
+        sources,
+        stem,
+        lambda: torch.stack(tensors),
+        lambda graph, nodes: graph.call_function(aten.stack.default, (nodes,)),
+    )
+
+
 def _fused(gm: fx.GraphModule, match: _Match) -> fx.Node:
     """Norm once over the (..., N, D) view, then the stacked affine; back to (..., N*D)."""
     graph = gm.graph
@@ -101,15 +117,16 @@ def _fused(gm: fx.GraphModule, match: _Match) -> fx.Node:
         aten.layer_norm.default, (view, [pieces.sizes[0]], None, None, match.eps)
     )
     stem = f"{pieces.split.name}_layer_norm"
+    weight = bias = None
     if match.weights is not None:
-        weight = graph.get_attr(add_weight(gm, stem + "_weight", torch.stack(match.weights)))
-        if match.biases is not None:
-            bias = graph.get_attr(add_weight(gm, stem + "_bias", torch.stack(match.biases)))
-            out = graph.call_function(aten.addcmul.default, (bias, out, weight))
-        else:
-            out = graph.call_function(aten.mul.Tensor, (out, weight))
-    elif match.biases is not None:
-        bias = graph.get_attr(add_weight(gm, stem + "_bias", torch.stack(match.biases)))
+        weight = _stacked(gm, match, 2, stem + "_weight", match.weights)
+    if match.biases is not None:
+        bias = _stacked(gm, match, 3, stem + "_bias", match.biases)
+    if weight is not None and bias is not None:
+        out = graph.call_function(aten.addcmul.default, (bias, out, weight))
+    elif weight is not None:
+        out = graph.call_function(aten.mul.Tensor, (out, weight))
+    elif bias is not None:
         out = graph.call_function(aten.add.Tensor, (out, bias))
     return graph.call_function(aten.view.default, (out, full))
 
@@ -117,6 +134,7 @@ def _fused(gm: fx.GraphModule, match: _Match) -> fx.Node:
 @register
 class FuseHorizontalLayerNorm(GraphPass):
     name = "fuse_horizontal_layernorm"
+    train_safe = True  # stacks the affine parameters inside the graph in training
     description = (
         "Layer norms over the equal last-dim pieces of one split become one norm on an "
         "(..., N, D) view with stacked affine weights, split again afterwards."

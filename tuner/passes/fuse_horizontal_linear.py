@@ -12,16 +12,16 @@ from __future__ import annotations
 import math
 import operator
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import fx
 
 from tuner.graph import (
-    add_weight,
     arg,
     aten,
     attr_tensor,
+    derived_weight,
     independent_groups,
     is_call,
     is_symbolic,
@@ -36,6 +36,8 @@ from tuner.graph import (
 from tuner.passes import register
 from tuner.passes.base import GraphPass
 from tuner.sites import Site, make_site
+
+GraphBuild = Callable[[fx.Graph, list[fx.Node]], fx.Node]
 
 
 def _weights(gm: fx.GraphModule, linear: fx.Node) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -82,6 +84,7 @@ def _in_order(groups: dict[Hashable, list[fx.Node]], min_size: int) -> list[list
 @register
 class FuseHorizontalLinear(GraphPass):
     name = "fuse_horizontal_linear"
+    train_safe = True  # concatenates/stacks the weights inside the graph in training
     description = "Fuse independent linears: shared input -> one concatenated linear, else bmm."
     default_options = {"min_group_size": 2, "batched": True}
 
@@ -118,27 +121,54 @@ class FuseHorizontalLinear(GraphPass):
             _batched(gm, linears)
 
 
+def _cat_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
+    return graph.call_function(aten.cat.default, (nodes,))
+
+
+def _stack_t_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
+    stacked = graph.call_function(aten.stack.default, (nodes,))
+    return graph.call_function(aten.transpose.int, (stacked, 1, 2))
+
+
+def _stack_rows_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
+    stacked = graph.call_function(aten.stack.default, (nodes,))
+    return graph.call_function(aten.unsqueeze.default, (stacked, 1))
+
+
 def _weight_nodes(
     gm: fx.GraphModule,
     linears: list[fx.Node],
     stem: str,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    weight: Callable[[], torch.Tensor],
+    bias: Callable[[], torch.Tensor] | None,
+    how: tuple[GraphBuild, GraphBuild],
 ) -> tuple[fx.Node, fx.Node | None]:
+    """The fused weight and bias: constants at inference; in training built per step from the
+    original parameters (`how`: weight and bias builders), which stay the trainable leaves."""
     graph = gm.graph
     with graph.inserting_before(topo_first(linears)):
-        w_node = graph.get_attr(add_weight(gm, stem, weight))
-        b_node = graph.get_attr(add_weight(gm, stem + "_bias", bias)) if bias is not None else None
+        weights = [arg(n, 1, "weight") for n in linears]
+        w_node = derived_weight(gm, weights, stem, weight, how[0])
+        b_node = None
+        if bias is not None:
+            biases = [arg(n, 2, "bias") for n in linears]
+            b_node = derived_weight(gm, biases, stem + "_bias", bias, how[1])
     return w_node, b_node
 
 
 def _concat(gm: fx.GraphModule, linears: list[fx.Node]) -> None:
     """Shared input: concatenate the weights along the output features, split the result."""
     pairs = [_weights(gm, n) for n in linears]
-    weight = torch.cat([w for w, _ in pairs])
-    bias = torch.cat([b for _, b in pairs]) if pairs[0][1] is not None else None
+    has_bias = pairs[0][1] is not None
     stem = str(arg(linears[0], 1, "weight").target).removeprefix("fxtune_") + "_hcat"
-    w_node, b_node = _weight_nodes(gm, linears, stem, weight, bias)
+    w_node, b_node = _weight_nodes(
+        gm,
+        linears,
+        stem,
+        lambda: torch.cat([w for w, _ in pairs]),
+        (lambda: torch.cat([b for _, b in pairs if b is not None])) if has_bias else None,
+        (_cat_nodes, _cat_nodes),
+    )
     graph = gm.graph
     with graph.inserting_before(topo_first(linears)):
         fused = graph.call_function(aten.linear.default, (linears[0].args[0], w_node, b_node))
@@ -150,11 +180,20 @@ def _concat(gm: fx.GraphModule, linears: list[fx.Node]) -> None:
 def _batched(gm: fx.GraphModule, linears: list[fx.Node]) -> None:
     """Same shapes, different inputs: x_i @ W_i^T + b_i for all i as one (N, M, in) bmm."""
     pairs = [_weights(gm, n) for n in linears]
-    weight = torch.stack([w.t() for w, _ in pairs])
     has_bias = pairs[0][1] is not None
-    bias = torch.stack([b for _, b in pairs]).unsqueeze(1) if has_bias else None
     stem = str(arg(linears[0], 1, "weight").target).removeprefix("fxtune_") + "_hbmm"
-    w_node, b_node = _weight_nodes(gm, linears, stem, weight, bias)
+    w_node, b_node = _weight_nodes(
+        gm,
+        linears,
+        stem,
+        lambda: torch.stack([w.t() for w, _ in pairs]),
+        (
+            (lambda: torch.stack([b for _, b in pairs if b is not None]).unsqueeze(1))
+            if has_bias
+            else None
+        ),
+        (_stack_t_nodes, _stack_rows_nodes),
+    )
     n, (out_features, in_features) = len(linears), pairs[0][0].shape
     x_shape = sizes(linears[0].args[0])
     dynamic = any(is_symbolic(s) for s in x_shape)

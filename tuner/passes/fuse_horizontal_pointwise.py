@@ -96,6 +96,7 @@ def _match(
 @register
 class FuseHorizontalPointwise(GraphPass):
     name = "fuse_horizontal_pointwise"
+    train_safe = True  # no weights: views and pointwise ops, differentiable as they were
     description = (
         "The same unary pointwise op on every piece of one split is applied once to the split's "
         "input, which is then split again the same way."

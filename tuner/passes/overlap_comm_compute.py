@@ -104,6 +104,9 @@ def _plan(start: fx.Node) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
 @register
 class OverlapCommCompute(GraphPass):
     name = "overlap_comm_compute"
+    # Reordering alone keeps gradients, but the backward's collectives were never checked
+    # across ranks here: off in training until they are.
+    train_safe = False
     description = (
         "Issue each all-to-all as early and wait for it as late as its data allows, so the "
         "operators that do not depend on it run while it is in flight (request/wait split)."

@@ -14,6 +14,9 @@ from tuner.sites import Site, make_site
 class RemoveDropout(GraphPass):
     name = "remove_dropout"
     description = "Remove dropout calls whose train flag is False (inference graphs)."
+    # A training step of a program exported in eval mode would still train without dropout,
+    # which changes what is trained, not only how fast: never in training.
+    train_safe = False
 
     def find_sites(self, gm: fx.GraphModule) -> list[Site]:
         return [
