@@ -36,9 +36,14 @@ def write_outputs(
     replay = outcome.tuned  # the config replayed on the original, verified by the tuner
     inputs = tuple(to_device(x, device) for x in replay.inputs)
     say(0.92, "exporting tuned program")
-    save_program(to_program(replay.gm, inputs), out)
+    if outcome.dispatch is not None:  # size buckets: one program, every bucket's graph in it
+        save_program(outcome.dispatch, out)
+    else:
+        save_program(to_program(replay.gm, inputs), out)
     artifacts: dict[str, Any] = {"program": _rel(out, report), "aoti": None, "traces": {}}
-    if config.backend == "inductor":
+    if outcome.buckets:
+        _bucket_packages(outcome, out, report, artifacts, say)
+    elif config.backend == "inductor":
         say(0.94, "writing the AOTInductor package")
         aoti = aoti_path_for(out)
         if outcome.package is not None:
@@ -95,6 +100,43 @@ def write_outputs(
     report.write_text(json.dumps(document, indent=2))
     say(1.0, "done")
     return document
+
+
+def _bucket_packages(
+    outcome: TuneOutcome, out: Path, report: Path, artifacts: dict[str, Any], say: Any
+) -> None:
+    """AOTInductor for size buckets. When every bucket chose inductor, one package compiled
+    from the dispatching program (the `torch.cond` inside picks the bucket's kernels). When
+    only some did, each of those ships the package that was timed for it, built for the whole
+    range (so it checks the whole range; the caller picks it by size, as `tuner.client` does
+    with the config's buckets), and no single `tuned.aoti.pt2` is written: compiling the eager
+    buckets' graphs would ship a combination that was never measured."""
+    device = Device.parse(outcome.config.hardware["device"])
+    original = outcome.original.module().to(device.torch_device)
+    trials = [tuple(to_device(x, device) for x in p.inputs) for p in outcome.points]
+    every = all(b.bucket.backend == "inductor" for b in outcome.buckets)
+    listed: list[dict[str, Any]] = []
+    for k, b in enumerate(outcome.buckets):
+        entry = {"bucket": b.bucket.describe(), "name": b.bucket.name, "aoti": None}
+        if b.bucket.backend == "inductor" and not every:
+            path = out.with_name(out.name.removesuffix(".pt2") + f".bucket{k}.aoti.pt2")
+            if b.package is not None:
+                shutil.copyfile(b.package, path)
+            else:
+                backends.package_aoti(b.tuned.to_program(), path)
+            entry["aoti"] = _rel(path, report)
+        listed.append(entry)
+    artifacts["buckets"] = listed
+    if every:
+        say(0.94, "writing the AOTInductor package (every bucket)")
+        aoti = aoti_path_for(out)
+        backends.package_aoti(torch.export.load(out), aoti)
+        packaged = backends.load_aoti(aoti)
+        abs_err, _ = output_errors(original, packaged, trials)
+        artifacts["aoti"] = _rel(aoti, report)
+        artifacts["aoti_max_abs_error"] = abs_err
+        for entry in listed:
+            entry["aoti"] = artifacts["aoti"]
 
 
 # Seconds of model calls per profile: enough iterations to average, few enough that profiling

@@ -69,3 +69,45 @@ class ReluNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.relu(x))
+
+
+class Reassociate(GraphPass):
+    """`a @ (b @ c)` -> `(a @ b) @ c`: the same product in another order, whose cost depends on
+    the batch. With x (B, D) and W (D, D), x @ (W @ W) costs D^3 + B D^2 multiply-adds and
+    (x @ W) @ W costs 2 B D^2: much faster while B is well below D, slower above it. A real
+    rewrite whose winner differs by size, to test size buckets on measurements."""
+
+    name = "test_reassociate"
+    description = "test only"
+
+    def find_sites(self, gm: fx.GraphModule) -> list[Site]:
+        sites = []
+        for n in gm.graph.nodes:
+            if not is_call(n, aten.mm.default):
+                continue
+            inner = n.args[1]
+            if is_call(inner, aten.mm.default) and len(inner.users) == 1:
+                sites.append(make_site(self.name, [inner, n], f"reassociate {n.name}"))
+        return sites
+
+    def rewrite(self, gm: fx.GraphModule, site: Site) -> None:
+        inner, outer = self.nodes_of(gm, site)
+        with gm.graph.inserting_before(outer):
+            first = gm.graph.call_function(aten.mm.default, (outer.args[0], inner.args[0]))
+        outer.args = (first, inner.args[1])
+
+
+CHAIN_WIDTH = 256
+
+
+class ChainNet(nn.Module):
+    """x @ (W @ W) + b: the product of the weight with itself is recomputed on every call."""
+
+    def __init__(self, width: int = CHAIN_WIDTH) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.w = nn.Parameter(torch.randn(width, width, generator=g) / width**0.5)
+        self.b = nn.Parameter(torch.randn(width, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, torch.mm(self.w, self.w)) + self.b
