@@ -29,7 +29,10 @@ decision of the bucket they fall in: that is interpolation, stated as such, not 
 
 from __future__ import annotations
 
+import inspect
+import keyword
 import math
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +213,22 @@ class _CondDispatch(nn.Module):
         return self._pick(0, args)
 
 
+def _named_like(module: _CondDispatch, names: Sequence[str]) -> None:
+    """Give the dispatch the original's input names, which export reads from the signature:
+    the program's placeholders and its guard messages ("x.size()[0] <= 4096") then read as the
+    original's do, and callers may pass inputs by name as before."""
+    if not names or not all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+        return
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(n, kind) for n in ("self", *names)]
+
+    def forward(self: _CondDispatch, *args: Any) -> Any:
+        return self._pick(0, args)
+
+    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+
+
 def _described(shapes: tuple[Any, ...] | None) -> str:
     """dynamic_shapes as comparable text (a `Dim` compares by identity, not by name and range)."""
     if shapes is None:
@@ -233,5 +252,8 @@ def dispatching_program(
     if any(u is None for u in uppers):
         raise ValueError("only the last bucket may be unbounded above")
     module = _CondDispatch(_where(spec, buckets[0].dim), uppers, branches)  # type: ignore[arg-type]
-    dynamic = None if shapes[0] is None else (shapes[0],)  # forward(*args): one tuple
+    _named_like(module, spec.input_names)
+    dynamic: Any = shapes[0]
+    if dynamic is not None and inspect.signature(module.forward).parameters.get("args"):
+        dynamic = (dynamic,)  # still forward(*args): the inputs are one tuple
     return torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
