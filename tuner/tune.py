@@ -568,6 +568,10 @@ class Tuner:
             fig, cand = _original(captured, "within noise", head.bucket.reason or "")
         else:
             cand, fig = by_name[name]
+            # Its verdict over the sizes it serves: elsewhere another bucket's decision runs.
+            verdict_, _ = combined_verdict(head.bucket.per_size)
+            why = f"the decision for {head.bucket.describe()}, one of {len(outcomes)} size buckets"
+            fig = fig.model_copy(update={"verdict": verdict_, "reason": why})
         passed = all(c.passed for c in checks)
         verification = Verification(
             inputs=sum(c.inputs for c in checks),

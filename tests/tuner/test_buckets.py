@@ -25,6 +25,7 @@ from tests.tuner.test_client import (  # noqa: F401  (service: the fixture)
     service,
 )
 from tests.tuner.tuning_fixtures import CHAIN_WIDTH, ChainNet, Reassociate, registered
+from tuner import backends
 from tuner.buckets import SizeDispatch, bucket_dim, plan_buckets, winner_at
 from tuner.client import CheckedInputs, FxtuneClientWarning, load_tuned
 from tuner.config import Figures, SizeFigures, TunedConfig
@@ -200,6 +201,10 @@ def test_small_and_large_batches_get_their_own_measured_decisions(
     # The headline figures are the example size's (batch 32) bucket.
     head = small if small.contains(32) else large
     assert (config.whole_model.name, config.passes) == (head.name, head.passes)
+    if head is small:  # its verdict is over the sizes it serves, not over the large bucket's
+        assert config.whole_model.verdict == "faster" and "size buckets" in (
+            config.whole_model.reason or ""
+        )
     assert config.verification.passed
     assert "2 buckets" in config.tuning["buckets"]
 
@@ -226,6 +231,24 @@ def test_the_tuned_program_dispatches_by_size_and_keeps_the_range(
         torch.testing.assert_close(module(x), want, **TOL)
     with pytest.raises(AssertionError, match=r"<= 4096"):
         module(*_inputs(4097))
+
+
+def test_the_dispatching_program_compiles_to_one_aoti_package(
+    chain: tuple[nn.Module, Any], tuned: tuple[Any, Path]
+) -> None:
+    """What ships as `tuned.aoti.pt2` when every bucket chose inductor: the dispatching program
+    compiled ahead of time, `torch.cond` and all; it serves each bucket and checks the range."""
+    model, _ = chain
+    outcome, out = tuned
+    package = backends.load_aoti(
+        backends.package_aoti(load_program(out / "tuned.pt2"), out / "dispatch.aoti.pt2")
+    )
+    for batch, _ in _edges(outcome.config):
+        x, want = _original_at(model, batch)
+        torch.testing.assert_close(package(x), want, **TOL)
+    for batch, why in ((1, "too small"), (4097, "too large")):
+        with pytest.raises(RuntimeError, match=why):
+            package(*_inputs(batch))
 
 
 def test_load_tuned_builds_each_bucket_once_and_picks_per_call(
