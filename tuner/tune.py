@@ -388,7 +388,10 @@ class Tuner:
         chosen_fig, chosen = self._choose(captured, candidates, figures)
         say(0.85, "verifying")
         verified = self._verify(program, captured, chosen_fig, chosen)
-        bucketed = self._bucketed(program, captured, candidates, figures, chosen_fig.name)
+        try:
+            bucketed = self._bucketed(program, captured, candidates, figures, chosen_fig.name)
+        except Exception as exc:  # buckets only refine a verified decision: keep that one
+            bucketed = _Bucketed(note=f"not bucketed: {type(exc).__name__}: {str(exc)[:300]}")
         if bucketed.outcomes:
             verified = bucketed.headline
         config = self._config(fingerprint, captured, search, figures, verified, started)
