@@ -73,7 +73,8 @@ def test_a_difference_inside_the_chosen_ones_interval_does_not_split() -> None:
         _fig("a", batch_2=(4.9, 4.5, 5.3, "faster"), batch_512=(1.93, 1.85, 2.0, "faster")),
         _fig("b", batch_2=(2.0, 1.9, 2.1, "faster"), batch_512=(1.95, 1.9, 2.0, "faster")),
     ]
-    assert winner_at("batch=512", figs, "a") == "a"
+    assert winner_at("batch=512", figs, ["a"]) == "a"
+    assert winner_at("batch=512", figs, []) == "b"
     assert plan_buckets(SPEC, _points(2, 512), figs, "a") == []
     # Beyond a's interval, b wins at 512 and the sizes split.
     figs[1] = _fig("b", batch_2=(2.0, 1.9, 2.1, "faster"), batch_512=(2.5, 2.4, 2.6, "faster"))
@@ -82,6 +83,18 @@ def test_a_difference_inside_the_chosen_ones_interval_does_not_split() -> None:
         (2, 32, "a", [2]),
         (33, 4096, "b", [512]),
     ]
+
+
+def test_two_candidates_within_noise_of_each_other_do_not_alternate() -> None:
+    """Nothing wins everywhere (the original is the run's choice); at 2 "a" is fastest, at 32
+    "b" by less than a's interval: one bucket runs "a" at both, the original runs above."""
+    figs = [
+        _fig("a", batch_2=(5.0, 4.5, 5.5, "faster"), batch_32=(2.9, 2.6, 3.2, "faster")),
+        _fig("b", batch_2=(4.8, 4.4, 5.2, "faster"), batch_32=(3.0, 2.8, 3.2, "faster")),
+    ]
+    figs[0].per_size.append(SizeFigures(label="batch=1024", sizes={}, verdict="slower"))
+    plans = plan_buckets(SPEC, _points(2, 32, 1024), figs, "original")
+    assert [(p.min, p.max, p.winner) for p in plans] == [(2, 181, "a"), (182, 4096, "original")]
 
 
 def test_buckets_split_at_the_geometric_midpoint_and_cover_the_range() -> None:
