@@ -18,7 +18,7 @@ from tuner.capture import example_inputs, save_program, to_program
 from tuner.compile_child import compile_aoti_in_child
 from tuner.device import Device
 from tuner.errors import FxtuneError
-from tuner.measure import quick_per_call_s
+from tuner.measure import check_outputs, quick_per_call_s
 from tuner.tune import TuneOutcome, output_errors, to_device
 
 
@@ -132,6 +132,11 @@ def _bucket_packages(
         aoti = aoti_path_for(out)
         backends.package_aoti(torch.export.load(out), aoti)
         packaged = backends.load_aoti(aoti)
+        wrong = check_outputs(original, packaged, trials)
+        if wrong is not None:  # never ship a package that answers differently
+            aoti.unlink()
+            artifacts["aoti_refused"] = f"the dispatching package's outputs differ: {wrong}"
+            return
         abs_err, _ = output_errors(original, packaged, trials)
         artifacts["aoti"] = _rel(aoti, report)
         artifacts["aoti_max_abs_error"] = abs_err
