@@ -354,22 +354,19 @@ def _dispatching(
     from tuner.buckets import SizeDispatch
     from tuner.sizes import resized_inputs
 
-    modules: list[nn.Module] = []
-    buckets: list[Bucket] = []
-    spec: ShapeSpec | None = None
-    for bucket, tuned in apply_buckets(program, config):
-        spec, module = _replayed(program, bucket.passes, tuned, device)
-        if compile and bucket.backend in ("inductor", "compile"):
-            at = {bucket.dim: bucket.measured[0] if bucket.measured else bucket.min}
-            inputs = resized_inputs(spec, _example_inputs(program), at)
-            module = _maybe_compiled(module, inputs, device, notes)
-        modules.append(module)
-        buckets.append(bucket)
-    if spec is None:
-        raise LookupError("the config's buckets are empty")
-    covered = _covers(spec, buckets)
+    replayed = apply_buckets(program, config)
+    buckets = [b for b, _ in replayed]
+    checked = [_replayed(program, b.passes, tuned, device) for b, tuned in replayed]
+    spec, modules = checked[0][0], [m for _, m in checked]
+    covered = _covers(spec, buckets)  # before any compile: a config it refuses costs nothing
     if covered is not None:
         raise LookupError(covered)
+    if compile:
+        for k, bucket in enumerate(buckets):
+            if bucket.backend in ("inductor", "compile"):
+                at = {bucket.dim: bucket.measured[0] if bucket.measured else bucket.min}
+                inputs = resized_inputs(spec, _example_inputs(program), at)
+                modules[k] = _maybe_compiled(modules[k], inputs, device, notes)
     return spec, SizeDispatch(spec, buckets, modules)
 
 
