@@ -23,8 +23,11 @@ measured points; with several varying together there is no single axis to split,
    buckets cover exactly the range the program serves.
 
 Each bucket's decision was measured at every size inside it and is "faster" at each of them,
-which is the never-worse rule restricted to the bucket. Sizes between measured ones take the
-decision of the bucket they fall in: that is interpolation, stated as such, not a measurement.
+which is the never-worse rule restricted to the bucket. The choice is among the whole-model
+candidates (the peers, the never-worse tuned passes and every pass, under each backend), so a
+bucket's pass set is one of those; sites are not searched again per bucket. Sizes between
+measured ones take the decision of the bucket they fall in: that is interpolation, stated as
+such, not a measurement.
 """
 
 from __future__ import annotations
