@@ -42,6 +42,7 @@ from tuner.config import (
     Bucket,
     Figures,
     PassStep,
+    SiteDecision,
     TunedConfig,
     Verification,
     replay_steps,
@@ -257,6 +258,35 @@ class Tuner:
                 out.append(Candidate(f"{b} + every pass", b, blind_steps, blind))
         return out
 
+    def _size_candidates(
+        self, captured: _Captured, search: SearchResult, have: list[Candidate]
+    ) -> list[Candidate]:
+        """Per measured size of a dynamic program: the never-worse sites plus the sites faster
+        beyond noise at that size (right at every size), as whole-model candidates under each
+        backend, so that a size bucket can run the pass set that won at its sizes.
+
+        Timed last (only if the budget allows); a set the chaining cannot replay exactly
+        (a later pass's site found only after an earlier rewrite that this set leaves out, or
+        the reverse) is not offered, and neither is one another candidate already has.
+        """
+        if bucket_dim(captured.spec, self.points) is None:
+            return []
+        wanted = self.options.backends or backends.available_backends(self.device)
+        seen = [c.passes for c in have]
+        out: list[Candidate] = []
+        for point in sorted(self.points, key=lambda p: tuple(p.sizes.values())):
+            steps = _steps_from_decisions(search.decisions, point.label)
+            if not steps or steps in seen:
+                continue
+            seen.append(steps)
+            built = apply_steps(copy.deepcopy(captured.gm), captured.inputs, steps_of(steps))
+            if _steps_from_sites(built.applied) != steps:
+                continue
+            out += [
+                Candidate(f"{b} + passes faster at {point.label}", b, steps, built) for b in wanted
+            ]
+        return out
+
     def _judge_at(
         self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, runner: Any, started: float
     ) -> tuple[dict[str, Any], Any]:
@@ -384,6 +414,7 @@ class Tuner:
         captured = self._capture(program, say)
         search = self._search(captured, started, say)
         candidates = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
+        candidates += self._size_candidates(captured, search, candidates)
         figures = self._judge_all(captured, candidates, started, say)
         chosen_fig, chosen = self._choose(captured, candidates, figures)
         say(0.85, "verifying")
@@ -676,6 +707,24 @@ def _original(captured: _Captured, verdict_: str, reason: str) -> tuple[Figures,
     fig = Figures(name="original", backend="eager", passes=[], verdict=verdict_, reason=reason)
     gm0 = captured.gm
     return fig, Candidate("original", "eager", [], Transformed(gm0, captured.inputs), gm0)
+
+
+def _steps_from_decisions(decisions: list[SiteDecision], label: str) -> list[PassStep]:
+    """The sites kept by the never-worse rule, plus those faster beyond noise at `label` and
+    right (not "wrong outputs", not "failed to run") at every size; in the search's order."""
+    steps: list[PassStep] = []
+    for d in decisions:
+        at = next((f for f in d.per_size if f.label == label), None)
+        wrong = any(f.verdict in ("wrong outputs", "failed to run") for f in d.per_size)
+        if not (d.accepted or (at is not None and at.verdict == "faster" and not wrong)):
+            continue
+        if steps and steps[-1].pass_name == d.pass_name:
+            steps[-1].sites.append(d.site_id)
+        else:
+            steps.append(PassStep(pass_name=d.pass_name, sites=[d.site_id]))
+    for step in steps:
+        step.sites.sort()
+    return steps
 
 
 def _steps_from_sites(sites: list[Site]) -> list[PassStep]:

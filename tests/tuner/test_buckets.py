@@ -25,7 +25,14 @@ from tests.tuner.test_client import (  # noqa: F401  (service: the fixture)
     FakeService,
     service,
 )
-from tests.tuner.tuning_fixtures import CHAIN_WIDTH, ChainNet, Reassociate, registered
+from tests.tuner.tuning_fixtures import (
+    CHAIN_WIDTH,
+    Associate,
+    ChainNet,
+    Reassociate,
+    TwoChainNet,
+    registered,
+)
 from tuner import backends
 from tuner.buckets import SizeDispatch, bucket_dim, plan_buckets, winner_at
 from tuner.client import CheckedInputs, FxtuneClientWarning, load_tuned
@@ -335,3 +342,56 @@ def test_a_config_whose_buckets_leave_a_gap_is_not_used(
     warned = [str(w.message) for w in caught if w.category is FxtuneClientWarning]
     assert len(warned) == 1 and "do not tile batch in [2, 4096]" in warned[0]
     assert not isinstance(module, CheckedInputs)
+
+
+# ------------------------------------------------- a pass set per bucket, from per-size sites
+
+
+@pytest.fixture(scope="module")
+def two_chains(tmp_path_factory: Any) -> tuple[nn.Module, Any, Path]:
+    """`TwoChainNet`: each planted pass is faster at one end of the batch range and slower at
+    the other, so the never-worse rule keeps neither site, and every pass together undoes
+    one with the other (`Associate` re-associates what `Reassociate` made)."""
+    model = TwoChainNet().eval()
+    batch = Dim("batch", min=2, max=4096)
+    program = torch.export.export(
+        model, _inputs(32), dynamic_shapes={"x": {0: batch}}, strict=False
+    )
+    out = tmp_path_factory.mktemp("two_chains")
+    options = TuneOptions(
+        budget_s=40,
+        backends=["eager"],
+        passes=["test_reassociate", "test_associate"],
+        cache_path=out / "cache.json",
+        sizes={"batch": SIZES},
+        workdir=out / "work",
+        threads=1,
+    )
+    with registered(Reassociate, Associate), tuning_session(options) as session:
+        outcome = tune_program(program, session)
+        write_outputs(outcome, out / "tuned.pt2", out / "report.json", profile=False)
+    return model, outcome, out
+
+
+def test_each_bucket_runs_the_sites_that_won_at_its_sizes(
+    two_chains: tuple[nn.Module, Any, Path],
+) -> None:
+    model, outcome, out = two_chains
+    config = outcome.config
+    kept = {(d.pass_name, d.accepted) for d in config.sites}
+    assert kept == {("test_reassociate", False), ("test_associate", False)}
+    assert len(config.buckets) == 2, config.tuning["buckets"]
+    small, large = config.buckets
+    assert small.contains(2) and large.contains(1024)
+    # The small sizes' own site set, offered as a candidate and measured: only the site that
+    # was faster there; the large bucket runs a set with the other site in it.
+    assert small.name.startswith("eager + passes faster at batch=")
+    assert [(s.pass_name, len(s.sites)) for s in small.passes] == [("test_reassociate", 1)]
+    assert "test_associate" in {s.pass_name for s in large.passes}
+    for bucket in config.buckets:
+        assert bucket.per_size and all(f.verdict == "faster" for f in bucket.per_size)
+    module = load_program(out / "tuned.pt2").module()
+    for batch, _ in _edges(config):
+        x = _inputs(batch, seed=batch)
+        with torch.no_grad():
+            torch.testing.assert_close(module(*x), model(*x), **TOL)
