@@ -24,10 +24,11 @@ measured points; with several varying together there is no single axis to split,
 
 Each bucket's decision was measured at every size inside it and is "faster" at each of them,
 which is the never-worse rule restricted to the bucket. The choice is among the whole-model
-candidates (the peers, the never-worse tuned passes and every pass, under each backend), so a
-bucket's pass set is one of those; sites are not searched again per bucket. Sizes between
-measured ones take the decision of the bucket they fall in: that is interpolation, stated as
-such, not a measurement.
+candidates (the peers, the never-worse tuned passes, every pass, and per measured size the
+never-worse sites plus those faster at that size, under each backend: `Tuner._size_candidates`),
+so a bucket's pass set is one of those, measured whole; the site search is not rerun per
+bucket. Sizes between measured ones take the decision of the bucket they fall in: that is
+interpolation, stated as such, not a measurement.
 """
 
 from __future__ import annotations
