@@ -12,8 +12,8 @@ measured points; with several varying together there is no single axis to split,
 1. At each measured size, the winner is the fastest candidate whose verdict there is "faster"
    (its speedup interval clears 1 + epsilon against the original, measured at that size), or the
    original when none is. The run's overall choice (never worse at any size) is kept as that
-   size's winner when it is "faster" there and its interval reaches the fastest one's speedup,
-   and so is the next smaller size's winner: a difference inside the noise does not split.
+   size's winner when it is "faster" there and its interval overlaps the fastest one's, and
+   so is the next smaller size's winner: a difference inside the noise does not split.
 2. Consecutive sizes with the same winner form one bucket; one bucket overall means no buckets
    (the config is as before: one decision set for every size).
 3. Between the largest size a of one bucket and the smallest size b of the next, the boundary is
@@ -81,21 +81,22 @@ def _at(fig: Figures, label: str) -> SizeFigures | None:
 
 def winner_at(label: str, figures: Sequence[Figures], prefer: Sequence[str]) -> str:
     """The candidate that won at one measured size (rule 1 in the module's docstring); the
-    first of `prefer` that is "faster" there and whose interval reaches the fastest one's
-    speedup stands instead of it (a difference inside the noise)."""
+    first of `prefer` that is "faster" there and whose interval overlaps the fastest one's
+    stands instead of it (a difference the measurements cannot tell from noise)."""
     faster = {
         f.name: s for f in figures if (s := _at(f, label)) is not None and s.verdict == "faster"
     }
     if not faster:
         return ORIGINAL
     best_name = max(faster, key=lambda n: faster[n].speedup or 0.0)
-    best = faster[best_name].speedup
+    best = faster[best_name]
+    best_low = best.ci[0] if best.ci is not None and best.ci[0] is not None else best.speedup
     for name in prefer:
         s = faster.get(name)
         if s is None:
             continue
         high = s.ci[1] if s.ci is not None else None
-        if high is None or best is None or high >= best:
+        if high is None or best_low is None or high >= best_low:
             return name
     return best_name
 

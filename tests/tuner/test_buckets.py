@@ -263,16 +263,44 @@ def test_when_every_bucket_chose_inductor_one_package_holds_the_dispatch(
     stay fast, so its buckets are relabelled inductor here to take that path of the writer.)"""
     model, _ = chain
     outcome, _ = tuned
-    inductor = [
+    _relabelled_outputs(outcome, [True, True], tmp_path, ["tuned.aoti.pt2"] * 2)
+    _serves_the_range(model, outcome, tmp_path / "tuned.aoti.pt2")
+
+
+def test_when_only_the_example_bucket_chose_inductor_its_package_ships(
+    chain: tuple[nn.Module, Any], tuned: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """Mixed buckets: the example size's bucket's own package (built for the whole range, so
+    right everywhere) is `tuned.aoti.pt2`; the eager bucket has none; nothing compiles the two
+    together."""
+    model, _ = chain
+    outcome, _ = tuned
+    _relabelled_outputs(outcome, [True, False], tmp_path, ["tuned.aoti.pt2", None])
+    _serves_the_range(model, outcome, tmp_path / "tuned.aoti.pt2")
+
+
+def _relabelled_outputs(
+    outcome: Any, inductor: list[bool], out: Path, expected: list[str | None]
+) -> None:
+    """write_outputs with the buckets whose `inductor` is True relabelled inductor (the tuning
+    run here is eager-only to stay fast); checks which packages it lists."""
+    assert [b.bucket.contains(32) for b in outcome.buckets] == [True, False]  # the example
+    buckets = [
         dataclasses.replace(b, bucket=b.bucket.model_copy(update={"backend": "inductor"}))
-        for b in outcome.buckets
+        if relabel
+        else b
+        for b, relabel in zip(outcome.buckets, inductor, strict=True)
     ]
-    relabelled = dataclasses.replace(outcome, buckets=inductor)
-    doc = write_outputs(relabelled, tmp_path / "tuned.pt2", tmp_path / "report.json", profile=False)
+    relabelled = dataclasses.replace(outcome, buckets=buckets)
+    doc = write_outputs(relabelled, out / "tuned.pt2", out / "report.json", profile=False)
     artifacts = doc["artifacts"]
     assert artifacts["aoti"] == "tuned.aoti.pt2" and artifacts["aoti_max_abs_error"] < 1e-3
-    assert [e["aoti"] for e in artifacts["buckets"]] == ["tuned.aoti.pt2"] * len(inductor)
-    package = backends.load_aoti(tmp_path / "tuned.aoti.pt2")
+    assert [e["aoti"] for e in artifacts["buckets"]] == expected
+    assert "aoti_refused" not in artifacts
+
+
+def _serves_the_range(model: nn.Module, outcome: Any, path: Path) -> None:
+    package = backends.load_aoti(path)
     for batch, _ in _edges(outcome.config):
         x, want = _original_at(model, batch)
         torch.testing.assert_close(package(x), want, **TOL)
