@@ -88,18 +88,39 @@ def candidate_rows(config: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
+def _bucket_of(buckets: list[Mapping[str, Any]], sizes: Mapping[str, int]) -> Mapping | None:
+    for b in buckets:
+        size = sizes.get(b["dim"])
+        if size is not None and size >= b["min"] and (b["max"] is None or size <= b["max"]):
+            return b
+    return None
+
+
+def _bucket_label(b: Mapping[str, Any]) -> str:
+    top = "∞" if b["max"] is None else b["max"]
+    return f"{b['dim']} in [{b['min']}, {top}]"
+
+
 def size_rows(config: Mapping[str, Any]) -> list[Row]:
-    """Per size a dynamic program was tuned at: each candidate's figures there (chosen first)."""
+    """Per size a dynamic program was tuned at: each candidate's figures there (chosen first).
+
+    With size buckets, "chosen" is the decision of the bucket the size falls in, and each row
+    names that bucket."""
     chosen = config["whole_model"]["name"]
+    buckets = config.get("buckets") or []
     candidates = sorted(config.get("candidates", []), key=lambda c: c["name"] != chosen)
     rows = []
     for c in candidates:
         for f in c.get("per_size") or []:
             low, high = _bounds(f.get("ci"))
+            bucket = _bucket_of(buckets, f.get("sizes") or {})
+            picked = bucket["name"] if bucket is not None else chosen
             rows.append(
                 {
                     "candidate": c["name"],
                     "size": f["label"],
+                    "bucket": _bucket_label(bucket) if bucket is not None else None,
+                    "bucket_decision": bucket["name"] if bucket is not None else None,
                     "baseline_s": f.get("baseline_s"),
                     "candidate_s": f.get("candidate_s"),
                     "speedup": f.get("speedup"),
@@ -107,7 +128,7 @@ def size_rows(config: Mapping[str, Any]) -> list[Row]:
                     "ci_high": high,
                     "verdict": f.get("verdict"),
                     "reason": f.get("reason"),
-                    "chosen": c["name"] == chosen,
+                    "chosen": c["name"] == picked,
                 }
             )
     return rows

@@ -213,12 +213,23 @@ def tune_cmd(
         table.add_row(fig.name, fig.backend, speed, format_interval(fig.ci), fig.verdict)
     target = console if not progress_json else err
     target.print(table)
-    if cfg.whole_model.per_size:
+    if cfg.whole_model.per_size and not cfg.buckets:
         by_size = Table("size", "speedup", "95% interval", "verdict", title="chosen, per size")
         for f in cfg.whole_model.per_size:
             speed = f"{f.speedup:.2f}x" if f.speedup else "-"
             by_size.add_row(f.label, speed, format_interval(f.ci), f.verdict)
         target.print(by_size)
+    if cfg.buckets:
+        buckets = Table(
+            "bucket", "decision", "size", "speedup", "95% interval", title="size buckets"
+        )
+        for b in cfg.buckets:
+            for f in b.per_size or [None]:
+                speed = f"{f.speedup:.2f}x" if f is not None and f.speedup else "-"
+                where = f.label if f is not None else ", ".join(f"{b.dim}={m}" for m in b.measured)
+                interval = format_interval(f.ci) if f is not None else "-"
+                buckets.add_row(b.describe(), b.name, where, speed, interval)
+        target.print(buckets)
     accepted = sum(1 for s in cfg.sites if s.accepted)
     if cfg.mode == "train":
         target.print(

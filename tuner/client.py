@@ -26,7 +26,15 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from tuner.apply import Transformed
-from tuner.config import READABLE_VERSIONS, SCHEMA_VERSION, TunedConfig, apply_config
+from tuner.config import (
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    Bucket,
+    PassStep,
+    TunedConfig,
+    apply_buckets,
+    apply_config,
+)
 from tuner.device import Device
 from tuner.fingerprint import model_fingerprint
 from tuner.shapes import ShapeMismatch, ShapeSpec, spec_of
@@ -264,26 +272,22 @@ def _untuned(program_or_module: Any, program: ExportedProgram | None, device: De
     return module
 
 
-def _check_replayed(config: TunedConfig, tuned: Transformed) -> None:
+def _check_replayed(passes: list[PassStep], tuned: Transformed) -> None:
     """Every site the config names must have been rewritten: a partial replay is a
     combination that was never verified (e.g. a pass whose site ids changed between versions)."""
-    wanted = {(step.pass_name, s) for step in config.passes for s in step.sites}
+    wanted = {(step.pass_name, s) for step in passes for s in step.sites}
     missing = wanted - {(site.pass_name, site.id) for site in tuned.applied}
     if missing:
         names = ", ".join(sorted(f"{p}:{s}" for p, s in missing))
         raise LookupError(f"the config's sites {names} are not in this model")
 
 
-def _compiled(module: nn.Module, program: ExportedProgram, device: Device) -> nn.Module:
-    """torch.compile is lazy: compile now, on the sample inputs, so a failure shows here
-    (where it can fall back) and not at the deployment's first request."""
-    from tuner.capture import example_inputs
-
+def _compiled(module: nn.Module, inputs: tuple[Any, ...], device: Device) -> nn.Module:
+    """torch.compile is lazy: compile now, on sample inputs (of the size bucket, where there
+    are buckets), so a failure shows here (where it can fall back) and not at the
+    deployment's first request."""
     compiled = torch.compile(module)
-    inputs = [
-        x.to(device.torch_device) if isinstance(x, torch.Tensor) else x
-        for x in example_inputs(program)
-    ]
+    inputs = tuple(x.to(device.torch_device) if isinstance(x, torch.Tensor) else x for x in inputs)
     with torch.no_grad():
         compiled(*inputs)
     return compiled
@@ -317,32 +321,94 @@ def _tuned(
     config = checked_config(raw, fingerprint)
     if config.mode != mode:
         raise LookupError(f"the config was tuned for mode {config.mode!r}, not {mode!r}")
-    tuned = apply_config(program, config)
-    _check_replayed(config, tuned)
+    notes: list[str] = []
+    if source.startswith("cache: "):
+        notes.append(f"using the cached config ({source.removeprefix('cache: ')})")
     if mode == "train":
-        notes = []
-        if source.startswith("cache: "):
-            notes.append(f"using the cached config ({source.removeprefix('cache: ')})")
+        tuned = apply_config(program, config)
+        _check_replayed(config.passes, tuned)
         if config.backend == "compile":
             notes.append("the config chose torch.compile: wrap the module in it to train faster")
         return _trainable(tuned, device), notes
+    if config.buckets:
+        spec, module = _dispatching(program, config, device, compile, notes)
+    else:
+        tuned = apply_config(program, config)
+        spec, module = _replayed(program, config.passes, tuned, device)
+        if compile and config.backend in ("inductor", "compile"):
+            module = _maybe_compiled(module, _example_inputs(program), device, notes)
+    return CheckedInputs(module, spec, lambda: _untuned(program, program, device)), notes
+
+
+def _example_inputs(program: ExportedProgram) -> tuple[Any, ...]:
+    from tuner.capture import example_inputs
+
+    return example_inputs(program)
+
+
+def _replayed(
+    program: ExportedProgram, passes: list[PassStep], tuned: Transformed, device: Device
+) -> tuple[ShapeSpec, nn.Module]:
+    """A replayed module checked (every site rewritten, shapes kept), on the device."""
+    _check_replayed(passes, tuned)
     spec = spec_of(tuned.gm)
     if spec is None:
         raise LookupError("the replayed module lost the program's input shapes")
     tuned.gm.to(device.torch_device)
-    module: nn.Module = PackedInputs(tuned) if tuned.packers else tuned.gm
-    notes: list[str] = []
-    if source.startswith("cache: "):
-        notes.append(f"using the cached config ({source.removeprefix('cache: ')})")
-    if compile and config.backend in ("inductor", "compile"):
-        try:
-            module = _compiled(module, program, device)
-        except Exception as exc:
-            notes.append(
-                f"torch.compile failed ({type(exc).__name__}: {exc}); "
-                "running the tuned passes without inductor"
-            )
-    return CheckedInputs(module, spec, lambda: _untuned(program, program, device)), notes
+    return spec, PackedInputs(tuned) if tuned.packers else tuned.gm
+
+
+def _maybe_compiled(
+    module: nn.Module, inputs: tuple[Any, ...], device: Device, notes: list[str]
+) -> nn.Module:
+    try:
+        return _compiled(module, inputs, device)
+    except Exception as exc:
+        notes.append(
+            f"torch.compile failed ({type(exc).__name__}: {exc}); "
+            "running the tuned passes without inductor"
+        )
+        return module
+
+
+def _dispatching(
+    program: ExportedProgram, config: TunedConfig, device: Device, compile: bool, notes: list[str]
+) -> tuple[ShapeSpec, nn.Module]:
+    """Each size bucket's module, built once, behind a `SizeDispatch` that picks per call."""
+    from tuner.buckets import SizeDispatch
+    from tuner.sizes import resized_inputs
+
+    replayed = apply_buckets(program, config)
+    buckets = [b for b, _ in replayed]
+    checked = [_replayed(program, b.passes, tuned, device) for b, tuned in replayed]
+    spec, modules = checked[0][0], [m for _, m in checked]
+    covered = _covers(spec, buckets)  # before any compile: a config it refuses costs nothing
+    if covered is not None:
+        raise LookupError(covered)
+    if compile:
+        for k, bucket in enumerate(buckets):
+            if bucket.backend in ("inductor", "compile"):
+                at = {bucket.dim: bucket.measured[0] if bucket.measured else bucket.min}
+                inputs = resized_inputs(spec, _example_inputs(program), at)
+                modules[k] = _maybe_compiled(modules[k], inputs, device, notes)
+    return spec, SizeDispatch(spec, buckets, modules)
+
+
+def _covers(spec: ShapeSpec, buckets: list[Bucket]) -> str | None:
+    """Why the buckets do not tile the dimension's range exactly (None when they do): a gap
+    would have no module and an overlap two; either means a config this client will not use."""
+    try:
+        dim = spec.dim(buckets[0].dim)
+    except KeyError as exc:
+        return str(exc.args[0])
+    expected = dim.min
+    for b in buckets:
+        if b.dim != buckets[0].dim or b.min != expected or (b.max is not None and b.max < b.min):
+            return f"the config's size buckets do not tile {dim.describe()}"
+        expected = (b.max or 0) + 1
+    if buckets[-1].max != dim.max:
+        return f"the config's size buckets do not tile {dim.describe()}"
+    return None
 
 
 def load_tuned(

@@ -21,8 +21,9 @@ from tuner.summary import Interval  # a bound is None where it is open
 # 2 added (all defaulted, so version 1 configs still load): `shapes` (the dynamic dimensions the
 # program serves), `sizes` (per-size figures), `refusals`, and per-size figures on decisions.
 # 3 added (defaulted: older configs read as inference configs): `mode` and `training`.
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# 4 added `buckets` (defaulted to none: one decision set for every size, as in 1 to 3).
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 Mode = Literal["infer", "train"]
 
@@ -131,6 +132,32 @@ class TrainingSetup(BaseModel):
     loss: str
 
 
+class Bucket(BaseModel):
+    """A contiguous range of one dynamic dimension and the decision that won at its sizes.
+
+    The decision is one measured whole-model candidate (its backend and pass steps), chosen
+    from the figures taken at the measured sizes inside the range (`measured`), or the original
+    ("original", eager, no passes) where no candidate was faster there beyond noise.
+    """
+
+    dim: str  # the dynamic dimension's name ("batch")
+    min: int
+    max: int | None  # None: unbounded above, as the dimension is
+    measured: list[int]  # the sizes of `dim` measured inside [min, max]
+    name: str  # the candidate's name ("eager + every pass"; "original")
+    backend: str
+    passes: list[PassStep]
+    per_size: list[SizeFigures] = Field(default_factory=list)  # the candidate's, at `measured`
+    reason: str | None = None
+
+    def contains(self, size: int) -> bool:
+        return size >= self.min and (self.max is None or size <= self.max)
+
+    def describe(self) -> str:
+        top = "inf" if self.max is None else str(self.max)
+        return f"{self.dim} in [{self.min}, {top}]"
+
+
 class TunedConfig(BaseModel):
     schema_version: int = SCHEMA_VERSION
     # "train": tuned as a training step (forward, loss, backward, optimizer step); replaying it
@@ -151,6 +178,10 @@ class TunedConfig(BaseModel):
     # (`tuner.shapes.ShapeSpec.to_dict`); empty dims for a static program.
     shapes: dict[str, Any] = Field(default_factory=dict)
     refusals: list[Refusal] = Field(default_factory=list)
+    # Where winners differ by size: one decision per range of one dynamic dim, covering its
+    # whole range (`tuner.buckets`). Empty: `backend` and `passes` serve every size. When set,
+    # `backend`, `passes` and `whole_model` are the decision of the example size's bucket.
+    buckets: list[Bucket] = Field(default_factory=list)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)
@@ -174,11 +205,27 @@ def steps_of(passes: list[PassStep]) -> list[tuple[str, set[str]]]:
     return [(step.pass_name, set(step.sites)) for step in passes if step.sites]
 
 
-def apply_config(program: ExportedProgram, config: TunedConfig | dict[str, Any]) -> Transformed:
-    """Reproduce the tuned module from the original program deterministically, measuring nothing."""
+def _as_config(config: TunedConfig | dict[str, Any]) -> TunedConfig:
     if isinstance(config, dict):
-        config = TunedConfig.model_validate(json.loads(json.dumps(config)))
+        return TunedConfig.model_validate(json.loads(json.dumps(config)))
+    return config
+
+
+def apply_config(program: ExportedProgram, config: TunedConfig | dict[str, Any]) -> Transformed:
+    """Reproduce the tuned module from the original program deterministically, measuring nothing.
+
+    For a config with size buckets this is the example size's bucket; `apply_buckets` gives
+    every bucket's module, and `tuner.buckets.SizeDispatch` runs the right one per call.
+    """
+    config = _as_config(config)
     return replay_steps(program, config.passes, train=config.mode == "train")
+
+
+def apply_buckets(
+    program: ExportedProgram, config: TunedConfig | dict[str, Any]
+) -> list[tuple[Bucket, Transformed]]:
+    """Each bucket's decision replayed on its own fresh copy of the original (none: [])."""
+    return [(b, replay_steps(program, b.passes)) for b in _as_config(config).buckets]
 
 
 def replay_steps(

@@ -18,7 +18,7 @@ from tuner.capture import example_inputs, save_program, to_program
 from tuner.compile_child import compile_aoti_in_child
 from tuner.device import Device
 from tuner.errors import FxtuneError
-from tuner.measure import quick_per_call_s
+from tuner.measure import check_outputs, quick_per_call_s
 from tuner.tune import TuneOutcome, output_errors, to_device
 
 
@@ -36,9 +36,14 @@ def write_outputs(
     replay = outcome.tuned  # the config replayed on the original, verified by the tuner
     inputs = tuple(to_device(x, device) for x in replay.inputs)
     say(0.92, "exporting tuned program")
-    save_program(to_program(replay.gm, inputs), out)
+    if outcome.dispatch is not None:  # size buckets: one program, every bucket's graph in it
+        save_program(outcome.dispatch, out)
+    else:
+        save_program(to_program(replay.gm, inputs), out)
     artifacts: dict[str, Any] = {"program": _rel(out, report), "aoti": None, "traces": {}}
-    if config.backend == "inductor":
+    if outcome.buckets:
+        _bucket_packages(outcome, out, report, artifacts, say)
+    elif config.backend == "inductor":
         say(0.94, "writing the AOTInductor package")
         aoti = aoti_path_for(out)
         if outcome.package is not None:
@@ -102,6 +107,70 @@ def write_outputs(
     report.write_text(json.dumps(document, indent=2))
     say(1.0, "done")
     return document
+
+
+def _bucket_packages(
+    outcome: TuneOutcome, out: Path, report: Path, artifacts: dict[str, Any], say: Any
+) -> None:
+    """AOTInductor for size buckets. When every bucket chose inductor, `tuned.aoti.pt2` is one
+    package compiled from the dispatching program (the `torch.cond` inside picks the bucket's
+    kernels). When only some did, each of those ships the package that was timed for it, built
+    for the whole range (it answers rightly and checks inputs over the whole range; the caller
+    picks it by size, as `tuner.client` does with the config's buckets); compiling the eager
+    buckets' graphs too would ship a combination that was never measured. Then
+    `tuned.aoti.pt2` is the example size's bucket's package when that bucket chose inductor
+    (as `backend` says), and absent otherwise. Each package is checked against the original at
+    every size tuned at before it ships; one that differs is removed, with the reason."""
+    device = Device.parse(outcome.config.hardware["device"])
+    original = outcome.original.module().to(device.torch_device)
+    trials = [tuple(to_device(x, device) for x in p.inputs) for p in outcome.points]
+    every = all(b.bucket.backend == "inductor" for b in outcome.buckets)
+    listed: list[dict[str, Any]] = [
+        {"bucket": b.bucket.describe(), "name": b.bucket.name, "aoti": None}
+        for b in outcome.buckets
+    ]
+    artifacts["buckets"] = listed
+    refused: list[str] = []
+    if every:
+        say(0.94, "writing the AOTInductor package (every bucket)")
+        aoti = aoti_path_for(out)
+        backends.package_aoti(torch.export.load(out), aoti)
+        if (error := _ships(aoti, original, trials, refused)) is not None:
+            artifacts["aoti"] = _rel(aoti, report)
+            artifacts["aoti_max_abs_error"] = error
+            for entry in listed:
+                entry["aoti"] = artifacts["aoti"]
+    for k, b in enumerate(outcome.buckets):
+        if every or b.bucket.backend != "inductor":
+            continue
+        headline = b.tuned is outcome.tuned
+        stem = out.name.removesuffix(".pt2")
+        path = aoti_path_for(out) if headline else out.with_name(f"{stem}.bucket{k}.aoti.pt2")
+        if b.package is not None:
+            shutil.copyfile(b.package, path)
+        else:
+            backends.package_aoti(b.tuned.to_program(), path)
+        if (error := _ships(path, original, trials, refused)) is not None:
+            listed[k]["aoti"] = _rel(path, report)
+            if headline:
+                artifacts["aoti"] = listed[k]["aoti"]
+                artifacts["aoti_max_abs_error"] = error
+    if refused:
+        artifacts["aoti_refused"] = "; ".join(refused)
+
+
+def _ships(
+    path: Path, original: Any, trials: list[tuple[Any, ...]], refused: list[str]
+) -> float | None:
+    """The package's largest absolute error when it answers as the original at every trial;
+    None (and the package removed, the reason added to `refused`) when it does not."""
+    packaged = backends.load_aoti(path)
+    wrong = check_outputs(original, packaged, trials)
+    if wrong is None:
+        return output_errors(original, packaged, trials)[0]
+    path.unlink()
+    refused.append(f"{path.name}: its outputs differ from the original's ({wrong})")
+    return None
 
 
 # Seconds of model calls per profile: enough iterations to average, few enough that profiling

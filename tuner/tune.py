@@ -26,14 +26,24 @@ from torch.export import ExportedProgram
 from tuner import backends
 from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import Transformed, apply_steps
+from tuner.buckets import (
+    ORIGINAL,
+    Plan,
+    bucket_dim,
+    dispatching_program,
+    plan_buckets,
+    to_bucket,
+)
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, example_inputs, on_device, to_graph_module
 from tuner.compile_child import CompileCrashed, CompileOverrun
 from tuner.compile_time import CompileTimes
 from tuner.config import (
+    Bucket,
     Figures,
     Mode,
     PassStep,
+    SiteDecision,
     TunedConfig,
     Verification,
     replay_steps,
@@ -128,6 +138,21 @@ class TuneOutcome:
     # package's instrumented twin (None: unknown): the profile step builds it only if it fits.
     deadline: float | None = None
     twin_estimate_s: float | None = None
+    # Where winners differ by size (config.buckets set): every bucket's verified module, and
+    # the one program that dispatches between them (`tuner.buckets.dispatching_program`),
+    # which is what `tuned.pt2` holds; `tuned` and `runner` are then the example's bucket.
+    buckets: list[BucketOutcome] = field(default_factory=list)
+    dispatch: ExportedProgram | None = None
+
+
+@dataclass
+class BucketOutcome:
+    """One size bucket as it ships: its config record, replayed module, runner and package."""
+
+    bucket: Bucket
+    tuned: Transformed
+    runner: Callable[..., Any]
+    package: Path | None = None
 
 
 def to_device(x: Any, device: Device) -> Any:
@@ -247,6 +272,35 @@ class Tuner:
                 out.append(Candidate(b, b, [], original))
             if blind_differs:
                 out.append(Candidate(f"{b} + every pass", b, blind_steps, blind))
+        return out
+
+    def _size_candidates(
+        self, captured: _Captured, search: SearchResult, have: list[Candidate]
+    ) -> list[Candidate]:
+        """Per measured size of a dynamic program: the never-worse sites plus the sites faster
+        beyond noise at that size (right at every size), as whole-model candidates under each
+        backend, so that a size bucket can run the pass set that won at its sizes.
+
+        Timed last (only if the budget allows); a set the chaining cannot replay exactly
+        (a later pass's site found only after an earlier rewrite that this set leaves out, or
+        the reverse) is not offered, and neither is one another candidate already has.
+        """
+        if bucket_dim(captured.spec, self.points) is None:
+            return []
+        wanted = self.options.backends or backends.available_backends(self.device)
+        seen = [c.passes for c in have]
+        out: list[Candidate] = []
+        for point in sorted(self.points, key=lambda p: tuple(p.sizes.values())):
+            steps = _steps_from_decisions(search.decisions, point.label)
+            if not steps or steps in seen:
+                continue
+            seen.append(steps)
+            built = apply_steps(copy.deepcopy(captured.gm), captured.inputs, steps_of(steps))
+            if _steps_from_sites(built.applied) != steps:
+                continue
+            out += [
+                Candidate(f"{b} + passes faster at {point.label}", b, steps, built) for b in wanted
+            ]
         return out
 
     def _judge_at(
@@ -378,11 +432,21 @@ class Tuner:
         captured = self._capture(program, say)
         search = self._search(captured, started, say)
         candidates = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
+        candidates += self._size_candidates(captured, search, candidates)
         figures = self._judge_all(captured, candidates, started, say)
         chosen_fig, chosen = self._choose(captured, candidates, figures)
         say(0.85, "verifying")
         verified = self._verify(program, captured, chosen_fig, chosen)
+        try:
+            bucketed = self._bucketed(program, captured, candidates, figures, chosen_fig.name)
+        except Exception as exc:  # buckets only refine a verified decision: keep that one
+            bucketed = _Bucketed(note=f"not bucketed: {type(exc).__name__}: {str(exc)[:300]}")
+        if bucketed.outcomes:
+            verified = bucketed.headline
         config = self._config(fingerprint, captured, search, figures, verified, started)
+        config.buckets = [b.bucket for b in bucketed.outcomes]
+        if bucketed.note:
+            config.tuning["buckets"] = bucketed.note
         say(0.9, "tuning done")
         inductor = config.backend == "inductor"
         nodes = len(verified.replay.gm.graph.nodes)
@@ -400,6 +464,8 @@ class Tuner:
                 if inductor
                 else None
             ),
+            buckets=bucketed.outcomes,
+            dispatch=bucketed.dispatch,
         )
 
     def _passes(self) -> list[str]:
@@ -510,6 +576,105 @@ class Tuner:
             replay, runner = Transformed(gm0, inputs), gm0
         return _Verified(fig, chosen, replay, runner, verification)
 
+    def _bucketed(
+        self,
+        program: ExportedProgram,
+        captured: _Captured,
+        candidates: list[Candidate],
+        figures: list[Figures],
+        chosen: str,
+    ) -> _Bucketed:
+        """Size buckets where the per-size winners differ (`tuner.buckets`), each verified at
+        the sizes measured inside it, and the dispatching program built and checked at every
+        size; any failure leaves one decision set for every size (the note says why)."""
+        if len(self.points) < 2:
+            return _Bucketed()
+        if bucket_dim(captured.spec, self.points) is None:
+            return _Bucketed(note="not bucketed: the sizes measured vary along several dims")
+        plans = plan_buckets(captured.spec, self.points, figures, chosen)
+        if not plans:
+            return _Bucketed(note="one decision for every size measured")
+        by_name = {c.name: (c, f) for c, f in zip(candidates, figures, strict=True)}
+        if any(by_name[p.winner][0].transformed.packers for p in plans if p.winner != ORIGINAL):
+            return _Bucketed(note="not bucketed: a bucket's winner changes the inputs")
+        outcomes: list[BucketOutcome] = []
+        checks: list[Verification] = []
+        for plan in plans:
+            outcome, check = self._verify_bucket(program, captured, plan, by_name)
+            outcomes.append(outcome)
+            checks.append(check)
+        trials = [p.inputs for p in self.points]
+        try:
+            dispatch = dispatching_program(
+                [o.bucket for o in outcomes], [o.tuned.gm for o in outcomes], captured.inputs
+            )
+            wrong = check_outputs(captured.gm, dispatch.module(), trials)
+        except Exception as exc:
+            wrong = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if wrong is not None:
+            return _Bucketed(note=f"not bucketed: the dispatching program failed ({wrong})")
+        example = captured.spec.sizes_of(captured.inputs) if captured.spec else {}
+        head = next(o for o in outcomes if o.bucket.contains(example[o.bucket.dim]))
+        name = head.bucket.name
+        if name == ORIGINAL:
+            fig, cand = _original(captured, "within noise", head.bucket.reason or "")
+        else:
+            cand, fig = by_name[name]
+            # Its verdict over the sizes it serves: elsewhere another bucket's decision runs.
+            verdict_, _ = combined_verdict(head.bucket.per_size)
+            why = f"the decision for {head.bucket.describe()}, one of {len(outcomes)} size buckets"
+            fig = fig.model_copy(update={"verdict": verdict_, "reason": why})
+        passed = all(c.passed for c in checks)
+        verification = Verification(
+            inputs=sum(c.inputs for c in checks),
+            max_abs_error=max((c.max_abs_error or 0.0) for c in checks),
+            max_rel_error=max((c.max_rel_error or 0.0) for c in checks),
+            passed=passed,
+            reason=None if passed else "; ".join(c.reason for c in checks if c.reason),
+        )
+        headline = _Verified(fig, cand, head.tuned, head.runner, verification)
+        labels = ", ".join(f"{o.bucket.describe()}: {o.bucket.name}" for o in outcomes)
+        return _Bucketed(outcomes, headline, dispatch, f"{len(outcomes)} buckets ({labels})")
+
+    def _verify_bucket(
+        self,
+        program: ExportedProgram,
+        captured: _Captured,
+        plan: Plan,
+        by_name: dict[str, tuple[Candidate, Figures]],
+    ) -> tuple[BucketOutcome, Verification]:
+        """A bucket's decision replayed from the original and its runner, both checked at the
+        sizes measured inside the bucket; a bucket that fails runs the original instead."""
+        if plan.winner == ORIGINAL:
+            replay = Transformed(copy.deepcopy(captured.gm), captured.inputs)
+            check = Verification(inputs=0, max_abs_error=0.0, max_rel_error=0.0, passed=True)
+            return BucketOutcome(to_bucket(plan, None), replay, captured.gm), check
+        cand, fig = by_name[plan.winner]
+        replay = replay_steps(program, cand.passes)
+        replay.gm.to(self.device.torch_device)
+        runner = cand.runner if cand.runner is not None else replay.gm
+        trials = [t for p in plan.points for t in fresh_inputs(p.inputs, 2, seed=4321)]
+        gm0 = captured.gm
+        wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
+        if wrong is None:
+            wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
+        abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
+        check = Verification(
+            inputs=len(trials),
+            max_abs_error=abs_err,
+            max_rel_error=rel_err,
+            passed=wrong is None,
+            reason=None if wrong is None else f"{plan.winner} at {plan.measured}: {wrong}",
+        )
+        if wrong is not None:
+            original = dataclasses.replace(plan, winner=ORIGINAL)
+            bucket = to_bucket(original, None)
+            bucket.reason = f"{plan.winner} failed verification ({wrong}); the original runs here"
+            replay = Transformed(copy.deepcopy(gm0), captured.inputs)
+            return BucketOutcome(bucket, replay, gm0), check
+        package = cand.package if cand.backend == "inductor" else None
+        return BucketOutcome(to_bucket(plan, fig), replay, runner, package), check
+
     def _config(
         self,
         fingerprint: str,
@@ -545,10 +710,39 @@ class Tuner:
         )
 
 
+@dataclass
+class _Bucketed:
+    """The buckets that ship (none: one decision set), the example bucket's decision as the
+    headline, the dispatching program, and a note for the config saying what happened."""
+
+    outcomes: list[BucketOutcome] = field(default_factory=list)
+    headline: Any = None  # _Verified when there are buckets
+    dispatch: ExportedProgram | None = None
+    note: str = ""
+
+
 def _original(captured: _Captured, verdict_: str, reason: str) -> tuple[Figures, Candidate]:
     fig = Figures(name="original", backend="eager", passes=[], verdict=verdict_, reason=reason)
     gm0 = captured.gm
     return fig, Candidate("original", "eager", [], Transformed(gm0, captured.inputs), gm0)
+
+
+def _steps_from_decisions(decisions: list[SiteDecision], label: str) -> list[PassStep]:
+    """The sites kept by the never-worse rule, plus those faster beyond noise at `label` and
+    right (not "wrong outputs", not "failed to run") at every size; in the search's order."""
+    steps: list[PassStep] = []
+    for d in decisions:
+        at = next((f for f in d.per_size if f.label == label), None)
+        wrong = any(f.verdict in ("wrong outputs", "failed to run") for f in d.per_size)
+        if not (d.accepted or (at is not None and at.verdict == "faster" and not wrong)):
+            continue
+        if steps and steps[-1].pass_name == d.pass_name:
+            steps[-1].sites.append(d.site_id)
+        else:
+            steps.append(PassStep(pass_name=d.pass_name, sites=[d.site_id]))
+    for step in steps:
+        step.sites.sort()
+    return steps
 
 
 def _steps_from_sites(sites: list[Site]) -> list[PassStep]:

@@ -513,3 +513,32 @@ def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
         resp = remote.get("/")
         assert resp.status_code == 403 and "only accepts requests from loopback" in resp.text
         assert "token-form" not in resp.text
+
+
+def test_model_page_shows_the_bucket_each_size_falls_in(tmp_path: Path) -> None:
+    """Size buckets (winners differ by size): each size names its bucket and is marked chosen
+    for the candidate its bucket runs, not for the headline's."""
+    cfg = rich_config()
+    cfg["buckets"] = [
+        {"dim": "batch", "min": 2, "max": 101, "measured": [2, 32], "name": "eager + tuned passes",
+         "backend": "eager", "passes": [], "per_size": cfg["candidates"][0]["per_size"][:2]},
+        {"dim": "batch", "min": 102, "max": 4096, "measured": [512], "name": "original",
+         "backend": "eager", "passes": [], "per_size": []},
+    ]  # fmt: skip
+    settings = Settings(
+        data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}"
+    )
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+        program = tmp_path / "tiny.pt2"
+        tiny_program(program)
+        model_id = upload(client, program, "bucketed")["id"]
+        store_result(client, program, tmp_path / "r", cfg)
+        rows = page(client, f"/models/{model_id}").tables["sizes-table"]
+        html = client.get(f"/models/{model_id}").text
+    assert [(r.attrs["data-size"], r.text(2)) for r in rows] == [
+        ("batch=32", "batch in [2, 101]: eager + tuned passes"),
+        ("batch=2", "batch in [2, 101]: eager + tuned passes"),
+        ("batch=512", "batch in [102, 4096]: original"),
+    ]
+    assert [r.attrs.get("class") for r in rows] == ["chosen", "chosen", None]
+    assert "each size bucket runs the candidate that won inside it" in html

@@ -105,3 +105,88 @@ class TwoLayerReluNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Reassociate(GraphPass):
+    """`a @ (b @ c)` -> `(a @ b) @ c`: the same product in another order, whose cost depends on
+    the batch. With x (B, D) and W (D, D), x @ (W @ W) costs D^3 + B D^2 multiply-adds and
+    (x @ W) @ W costs 2 B D^2: much faster while B is well below D, slower above it. A real
+    rewrite whose winner differs by size, to test size buckets on measurements."""
+
+    name = "test_reassociate"
+    description = "test only"
+
+    def find_sites(self, gm: fx.GraphModule) -> list[Site]:
+        sites = []
+        for n in gm.graph.nodes:
+            if not is_call(n, aten.mm.default):
+                continue
+            inner = n.args[1]
+            if is_call(inner, aten.mm.default) and len(inner.users) == 1:
+                sites.append(make_site(self.name, [inner, n], f"reassociate {n.name}"))
+        return sites
+
+    def rewrite(self, gm: fx.GraphModule, site: Site) -> None:
+        inner, outer = self.nodes_of(gm, site)
+        with gm.graph.inserting_before(outer):
+            first = gm.graph.call_function(aten.mm.default, (outer.args[0], inner.args[0]))
+        outer.args = (first, inner.args[1])
+
+
+CHAIN_WIDTH = 256
+
+
+class ChainNet(nn.Module):
+    """x @ (W @ W) + b: the product of the weight with itself is recomputed on every call."""
+
+    def __init__(self, width: int = CHAIN_WIDTH) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.w = nn.Parameter(torch.randn(width, width, generator=g) / width**0.5)
+        self.b = nn.Parameter(torch.randn(width, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, torch.mm(self.w, self.w)) + self.b
+
+
+class Associate(GraphPass):
+    """`(a @ W) @ V` -> `a @ (W @ V)` for weights W, V: the reverse of `Reassociate`, faster
+    once the batch is well above the width (one D^3 product instead of a second B D^2 one)."""
+
+    name = "test_associate"
+    description = "test only"
+
+    def find_sites(self, gm: fx.GraphModule) -> list[Site]:
+        sites = []
+        for n in gm.graph.nodes:
+            if not is_call(n, aten.mm.default) or n.args[1].op != "get_attr":
+                continue
+            inner = n.args[0]
+            if (
+                is_call(inner, aten.mm.default)
+                and inner.args[1].op == "get_attr"
+                and len(inner.users) == 1
+            ):
+                sites.append(make_site(self.name, [inner, n], f"associate {n.name}"))
+        return sites
+
+    def rewrite(self, gm: fx.GraphModule, site: Site) -> None:
+        inner, outer = self.nodes_of(gm, site)
+        with gm.graph.inserting_before(outer):
+            weights = gm.graph.call_function(aten.mm.default, (inner.args[1], outer.args[1]))
+        outer.args = (inner.args[0], weights)
+
+
+class TwoChainNet(nn.Module):
+    """x @ (W @ W) + (x @ U) @ V: `Reassociate` wins on the first half at small batches,
+    `Associate` on the second at large ones, and each loses where the other wins."""
+
+    def __init__(self, width: int = CHAIN_WIDTH) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(4)
+        self.w, self.u, self.v = (
+            nn.Parameter(torch.randn(width, width, generator=g) / width**0.5) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, torch.mm(self.w, self.w)) + torch.mm(torch.mm(x, self.u), self.v)
