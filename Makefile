@@ -37,6 +37,7 @@ bench: venv
 	$(PY) -m bench.run
 	$(PY) -m bench.overlap
 	$(PY) -m bench.gloo_async
+	$(PY) -m bench.train --threads 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

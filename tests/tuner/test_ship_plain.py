@@ -62,3 +62,20 @@ def test_compile_backend_runs_the_module_as_torch_compile_would(tmp_path: Path) 
     gm = to_graph_module(export_module(module, (x,)))
     built = backends.build("compile", gm, (x,), tmp_path)
     torch.testing.assert_close(built.runner(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_package_that_answers_wrongly_is_removed_not_shipped(tmp_path: Path) -> None:
+    """write_outputs recorded a package's error against the original and shipped it anyway."""
+    from tuner.outputs import _ships
+
+    x = torch.randn(4, 32)
+    module = SplitNormTanh(n=2).eval()
+    package = backends.package_aoti(export_module(module, (x,)), tmp_path / "p.aoti.pt2")
+    trials = [(x,), (torch.randn(4, 32),)]
+    refused: list[str] = []
+    error = _ships(package, module, trials, refused)
+    assert error is not None and error < 1e-4 and package.exists() and not refused
+    other = SplitNormTanh(n=2).eval()  # same shapes, other weights: answers differ
+    assert _ships(package, other, trials, refused) is None
+    assert not package.exists()
+    assert len(refused) == 1 and "outputs differ" in refused[0]
