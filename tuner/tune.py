@@ -553,28 +553,37 @@ class Tuner:
                 reason="the original program stands: nothing to verify",
             )
             return _Verified(fig, chosen, Transformed(gm0, inputs), gm0, verification)
-        replay = replay_steps(program, chosen.passes)
-        replay.gm.to(self.device.torch_device)
-        runner = chosen.runner if chosen.runner is not None else replay.gm
         trials = fresh_inputs(inputs, 3, seed=1234)
         for point in self.points[1:]:
             trials += fresh_inputs(point.inputs, 1, seed=1234)
+        replay, runner, verification = self._replayed_and_checked(program, gm0, chosen, trials)
+        wrong = verification.reason
+        if wrong is not None:
+            reason = f"the tuned module failed verification ({wrong}); the original stands"
+            fig, chosen = _original(captured, "wrong outputs", reason)
+            replay, runner = Transformed(gm0, inputs), gm0
+        return _Verified(fig, chosen, replay, runner, verification)
+
+    def _replayed_and_checked(
+        self, program: ExportedProgram, gm0: fx.GraphModule, cand: Candidate, trials: list[Inputs]
+    ) -> tuple[Transformed, Callable[..., Any], Verification]:
+        """`cand` replayed from the original (what `apply_config` gives) and its runner, both
+        checked against `gm0` on `trials`; the reason is why they differ, None when they agree."""
+        replay = replay_steps(program, cand.passes)
+        replay.gm.to(self.device.torch_device)
+        runner = cand.runner if cand.runner is not None else replay.gm
         wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
         if wrong is None:
             wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
         abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
-        verification = Verification(
+        check = Verification(
             inputs=len(trials),
             max_abs_error=abs_err,
             max_rel_error=rel_err,
             passed=wrong is None,
             reason=wrong,
         )
-        if wrong is not None:
-            reason = f"the tuned module failed verification ({wrong}); the original stands"
-            fig, chosen = _original(captured, "wrong outputs", reason)
-            replay, runner = Transformed(gm0, inputs), gm0
-        return _Verified(fig, chosen, replay, runner, verification)
+        return replay, runner, check
 
     def _bucketed(
         self,
@@ -650,23 +659,14 @@ class Tuner:
             check = Verification(inputs=0, max_abs_error=0.0, max_rel_error=0.0, passed=True)
             return BucketOutcome(to_bucket(plan, None), replay, captured.gm), check
         cand, fig = by_name[plan.winner]
-        replay = replay_steps(program, cand.passes)
-        replay.gm.to(self.device.torch_device)
-        runner = cand.runner if cand.runner is not None else replay.gm
         trials = [t for p in plan.points for t in fresh_inputs(p.inputs, 2, seed=4321)]
         gm0 = captured.gm
-        wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
-        if wrong is None:
-            wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
-        abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
-        check = Verification(
-            inputs=len(trials),
-            max_abs_error=abs_err,
-            max_rel_error=rel_err,
-            passed=wrong is None,
-            reason=None if wrong is None else f"{plan.winner} at {plan.measured}: {wrong}",
-        )
+        replay, runner, check = self._replayed_and_checked(program, gm0, cand, trials)
+        wrong = check.reason
         if wrong is not None:
+            check = check.model_copy(
+                update={"reason": f"{plan.winner} at {plan.measured}: {wrong}"}
+            )
             original = dataclasses.replace(plan, winner=ORIGINAL)
             bucket = to_bucket(original, None)
             bucket.reason = f"{plan.winner} failed verification ({wrong}); the original runs here"
