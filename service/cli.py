@@ -161,10 +161,7 @@ def submit_cmd(
             with _client(server, token) as http:
                 job = submit_distributed(http, str(model), world_size, device, budget_s, name)
                 if wait:
-                    final = follow_job(http, job["id"])
-                    _print_outcome(http, final)
-                    if final["status"] != "succeeded":
-                        raise typer.Exit(1)
+                    _follow_to_the_end(http, job["id"])
         except httpx.TransportError as exc:
             typer.echo(f"error: cannot reach the service: {exc}", err=True)
             raise typer.Exit(1) from None
@@ -184,13 +181,18 @@ def submit_cmd(
             sha = body["sha256"][:12]
             typer.echo(f"model {body['id']} ({sha}), job {job['id']}: {job['status']}")
             if wait:
-                final = follow_job(http, job["id"])
-                _print_outcome(http, final)
-                if final["status"] != "succeeded":
-                    raise typer.Exit(1)
+                _follow_to_the_end(http, job["id"])
     except httpx.TransportError as exc:
         typer.echo(f"error: cannot reach the service: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _follow_to_the_end(http: Any, job_id: int) -> None:
+    """Follow the job with a progress bar, print its outcome, and exit 1 unless it succeeded."""
+    final = follow_job(http, job_id)
+    _print_outcome(http, final)
+    if final["status"] != "succeeded":
+        raise typer.Exit(1)
 
 
 def submit_distributed(
