@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import urlencode
 
 import typer
 
@@ -152,11 +153,22 @@ def submit_cmd(
             help="Ranks of a distributed job (>1: MODEL holds {rank}, one program per rank)",
         ),
     ] = 1,
+    mode: Annotated[
+        str,
+        typer.Option(help="infer, or train: tune a training step (export the model in train mode)"),
+    ] = "infer",
+    optimizer: Annotated[
+        str | None,
+        typer.Option(help="With --mode train: one optimizer step per step (sgd, adamw)"),
+    ] = None,
 ) -> None:
     """Upload MODEL and queue it for tuning; with --wait, follow the job with a progress bar."""
     import httpx
 
     if world_size > 1:
+        if mode != "infer":
+            typer.echo("error: --mode train is not supported with --world-size (yet)", err=True)
+            raise typer.Exit(2)
         try:
             with _client(server, token) as http:
                 job = submit_distributed(http, str(model), world_size, device, budget_s, name)
@@ -169,7 +181,9 @@ def submit_cmd(
     if not model.is_file():
         typer.echo(f"error: no such file: {model}", err=True)
         raise typer.Exit(2)
-    fields = {"tune": "true", "device": device}
+    fields = {"tune": "true", "device": device, "mode": mode}
+    if optimizer is not None:
+        fields["optimizer"] = optimizer
     if budget_s is not None:
         fields["budget_s"] = str(budget_s)
     if name:
@@ -253,14 +267,13 @@ def _print_outcome(http: Any, job: dict[str, Any]) -> None:
     if job["status"] != "succeeded":
         typer.echo(f"job {job['id']} failed: {job.get('error')}", err=True)
         return
-    report = _check(
-        http.get(f"/api/v1/models/{job['model_id']}/report", params={"device": job["device"]})
-    )
+    target = {"device": job["device"], "mode": job.get("mode", "infer")}
+    report = _check(http.get(f"/api/v1/models/{job['model_id']}/report", params=target))
     whole = report["config"].get("whole_model", {})
     speedup = whole.get("speedup")
     shown = f"{speedup:.2f}x" if isinstance(speedup, int | float) else "n/a"
     typer.echo(
         f"tuned: backend {report['config'].get('backend')}, speedup {shown} "
         f"({whole.get('verdict')}); config at /api/v1/models/{job['model_id']}/config"
-        f"?device={job['device']}"
+        f"?{urlencode(target)}"
     )

@@ -76,6 +76,8 @@ def tuning_result(report: dict[str, Any], digests: dict[str, str]) -> TuningResu
         aoti_sha256=digests.get("aoti"),
         report_sha256=digests["report"],
         profiles=_profiles(report.get("profiles"), digests),
+        mode=config.mode,
+        optimizer=config.training.optimizer if config.training else None,
     )
 
 

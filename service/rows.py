@@ -169,8 +169,10 @@ def rank_rows(config: Mapping[str, Any]) -> list[Row]:
 
 
 def config_row(model: Model, summary: ConfigSummary, config: Mapping[str, Any]) -> Row:
-    """One tuned config (model x device x hardware) as the dashboard's overview shows it."""
+    """One tuned config (model x device x mode x hardware) as the dashboard's overview shows
+    it; a training config's figures are per training step."""
     whole = config["whole_model"]
+    training = config.get("training") or {}
     hardware = config.get("hardware", {})
     low, high = _bounds(whole.get("ci"))
     sites = config.get("sites", [])
@@ -178,6 +180,8 @@ def config_row(model: Model, summary: ConfigSummary, config: Mapping[str, Any]) 
         "model_id": model.id,
         "model": model.name,
         "device": summary.device,
+        "mode": summary.mode,
+        "optimizer": training.get("optimizer"),
         "hardware_key": summary.hardware_key,
         "hardware": hardware.get("name"),
         "threads": hardware.get("threads"),
@@ -203,12 +207,17 @@ def config_row(model: Model, summary: ConfigSummary, config: Mapping[str, Any]) 
 
 
 def model_rows(store: AbstractStore, models: Sequence[Model] | None = None) -> list[Row]:
-    """A row per tuned config of every model (newest model first; devices in name order)."""
+    """A row per tuned config of every model (newest model first; devices in name order,
+    inference before training)."""
     models = store.list_models(MAX_MODELS) if models is None else models
     by_id = {m.id: m for m in models}
     rows = []
     for summary in store.list_configs(list(by_id)):
-        tuned = store.get_config(summary.model_id, summary.device, summary.hardware_key)
+        tuned = store.get_config(
+            summary.model_id, summary.device, summary.hardware_key, mode=summary.mode
+        )
         rows.append(config_row(by_id[summary.model_id], summary, tuned.config))
     order = {m.id: i for i, m in enumerate(models)}
-    return sorted(rows, key=lambda r: (order[r["model_id"]], r["device"], r["hardware_key"]))
+    return sorted(
+        rows, key=lambda r: (order[r["model_id"]], r["device"], r["mode"], r["hardware_key"])
+    )

@@ -300,12 +300,17 @@ def fetch_cmd(
         str | None, typer.Option(help="Bearer token", envvar="FXTUNE_API_TOKEN")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds for the whole request")] = 10.0,
+    mode: Annotated[
+        str, typer.Option(help="infer, or train for the training config (--mode train jobs)")
+    ] = "infer",
 ) -> None:
     """Download the tuned config of a model, for scripts (exit 2 when there is none)."""
     import json
     import re
+    from typing import get_args
 
     from tuner.client import fetch_config
+    from tuner.config import Mode
 
     if re.fullmatch(r"[0-9a-f]{1,64}", target) and not Path(target).exists():
         fingerprint = target
@@ -319,8 +324,16 @@ def fetch_cmd(
             raise fail(exc) from None
     else:
         raise fail(InputError(f"{target!r} is neither a fingerprint (hex) nor a .pt2 file"))
+    if mode not in get_args(Mode):
+        raise fail(InputError(f"--mode must be one of {', '.join(get_args(Mode))}, not {mode!r}"))
     config, source = fetch_config(
-        fingerprint, server=server, device=device, timeout=timeout, token=token, use_cache=False
+        fingerprint,
+        server=server,
+        device=device,
+        timeout=timeout,
+        token=token,
+        use_cache=False,
+        mode=mode,  # type: ignore[arg-type]  # checked above
     )
     if config is None:
         raise fail(NoConfigError(source))

@@ -30,6 +30,7 @@ from tuner.config import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     Bucket,
+    Mode,
     PassStep,
     TunedConfig,
     apply_buckets,
@@ -207,22 +208,27 @@ def fetch_config(
     timeout: float = 5.0,
     token: str | None = None,
     use_cache: bool = True,
+    mode: Mode = "infer",
 ) -> tuple[dict[str, Any] | None, str]:
     """The config for `fingerprint` and where it came from: "server", "not modified" (the
     cached copy, confirmed by a 304), "cache: <why the server could not be used>", or None and
     the reason there is none. Only configs that validate for `fingerprint` are returned or cached.
 
+    `mode="train"` asks for the training config, filed apart from the inference one.
+
     Raises nothing for network or server trouble.
     """
     kind = Device.parse(device).kind  # the service files configs per kind: "cuda" for "cuda:1"
+    slot = kind if mode == "infer" else f"{kind}-{mode}"  # the local cache's file
     cache = ConfigCache(cache_dir or DEFAULT_CACHE) if use_cache else None
-    etag, cached = cache.load(fingerprint, kind) if cache else (None, None)
+    etag, cached = cache.load(fingerprint, slot) if cache else (None, None)
     headers = {"If-None-Match": etag} if etag and cached is not None else {}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     url = f"{server.rstrip('/')}/api/v1/configs/{fingerprint}"
     try:
-        response = _get(url, {"device": kind}, headers, timeout)
+        params = {"device": kind} if mode == "infer" else {"device": kind, "mode": mode}
+        response = _get(url, params, headers, timeout)
     except httpx.HTTPError as exc:
         what = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
         return _or_cached(cached, f"server {server} {what} ({type(exc).__name__}: {exc})")
@@ -236,12 +242,13 @@ def fetch_config(
         except ValueError as exc:
             return _or_cached(cached, f"the server sent an unusable config: {exc}")
         if cache:
-            cache.save(fingerprint, kind, response.headers.get("ETag"), config)
+            cache.save(fingerprint, slot, response.headers.get("ETag"), config)
         return config, "server"
     if status == 404:
         if cache:
-            cache.forget(fingerprint, kind)
-        return None, f"no tuned config for fingerprint {fingerprint} on {kind} at {server}"
+            cache.forget(fingerprint, slot)
+        what = "config" if mode == "infer" else f"{mode}ing config"
+        return None, f"no tuned {what} for fingerprint {fingerprint} on {kind} at {server}"
     return _or_cached(cached, f"server {server} answered {status}{_detail(response)}")
 
 
@@ -310,11 +317,11 @@ def _trainable(tuned: Transformed, device: Device) -> nn.Module:
 
 
 def _tuned(
-    program: ExportedProgram, device: Device, compile: bool, mode: str = "infer", **fetch: Any
+    program: ExportedProgram, device: Device, compile: bool, mode: Mode = "infer", **fetch: Any
 ) -> tuple[nn.Module, list[str]]:
     """The tuned module and what the caller should be warned about; raises on any failure."""
     fingerprint = model_fingerprint(program)
-    raw, source = fetch_config(fingerprint, device=device, **fetch)
+    raw, source = fetch_config(fingerprint, device=device, mode=mode, **fetch)
     if raw is None:
         raise LookupError(source)
     log.info("fxtune: config for %s (%s) from %s", fingerprint, device, source)

@@ -36,6 +36,8 @@ class Assignment:
     sizes: dict[str, list[int]] | None = None  # sizes to tune dynamic dims at (None: default)
     world_size: int = 1
     ranks: tuple[RankFile, ...] = ()  # a distributed job's program per rank, rank 0 first
+    mode: str = "infer"  # "train": tune a training step
+    optimizer: str | None = None  # with mode "train": the optimizer stepped each step
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class ServiceClient:
             name=model["name"],
             artifact_url=body["artifact_url"],
             world_size=job.get("world_size", 1),
+            mode=job.get("mode", "infer"),
+            optimizer=job.get("optimizer"),
             ranks=tuple(
                 RankFile(r["model"]["id"], r["model"]["sha256"], r["artifact_url"])
                 for r in body.get("ranks", [])

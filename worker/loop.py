@@ -230,6 +230,10 @@ class Worker:
             cmd += ["--budget-s", f"{job.budget_s:g}"]
         for dim, sizes in (job.sizes or {}).items():
             cmd += ["--sizes", f"{dim}={','.join(str(s) for s in sizes)}"]
+        if job.mode != "infer":
+            cmd += ["--mode", job.mode]
+        if job.optimizer is not None:
+            cmd += ["--optimizer", job.optimizer]
         cmd += ["--cache", str(self.settings.worker_decision_cache)]
         if self.settings.worker_tune_threads is not None:
             cmd += ["--threads", str(self.settings.worker_tune_threads)]

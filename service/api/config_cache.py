@@ -1,10 +1,10 @@
 """Tuned configs in memory: what deployments poll, served without touching the database.
 
 Entries hold the encoded body and its ETag, keyed by what the request names: a fingerprint or a
-model id, the device, and the hardware key when given. Every config write for a (fingerprint,
-device) or (model, device) drops that scope's entries in this process. Other service processes
-sharing the database do not hear of it, so an entry also expires after `ttl_s`: that is how stale
-a config can be there (docs/service.md).
+model id, the device, the mode, and the hardware key when given. Every config write for a
+(fingerprint, device, mode) or (model, device, mode) drops that scope's entries in this process.
+Other service processes sharing the database do not hear of it, so an entry also expires after
+`ttl_s`: that is how stale a config can be there (docs/service.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-Scope = tuple[str, str | int, str]  # ("fp", fingerprint, device) or ("model", id, device)
+# ("fp", fingerprint, device, mode) or ("model", id, device, mode)
+Scope = tuple[str, str | int, str, str]
 
 
 def encode(config: dict[str, Any]) -> bytes:

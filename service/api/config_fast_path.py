@@ -22,17 +22,21 @@ from service.api.config_cache import Scope as CacheScope
 from service.api.deps import bearer, check_reader
 from service.api.responses import config_response
 from service.api.schemas import INT64_MAX, Device
+from tuner.config import Mode
 
 _FINGERPRINT = re.compile(r"^/api/v1/configs/([0-9a-f]{1,64})$")
 _MODEL = re.compile(r"^/api/v1/models/([1-9][0-9]{0,18})/config$")
 DEVICES = frozenset(get_args(Device))
+MODES = frozenset(get_args(Mode))
 
 
-def _cache_scope(path: str, device: str) -> CacheScope | None:
+def _cache_scope(path: str, device: str, mode: str) -> CacheScope | None:
+    if device not in DEVICES or mode not in MODES:
+        return None
     if m := _FINGERPRINT.match(path):
-        return ("fp", m.group(1), device)
+        return ("fp", m.group(1), device, mode)
     if (m := _MODEL.match(path)) and int(m.group(1)) <= INT64_MAX:
-        return ("model", int(m.group(1)), device)
+        return ("model", int(m.group(1)), device, mode)
     return None
 
 
@@ -45,8 +49,7 @@ class ConfigFastPath:
             await self.app(scope, receive, send)
             return
         query = QueryParams(scope["query_string"])
-        device = query.get("device", "cpu")
-        key = _cache_scope(scope["path"], device) if device in DEVICES else None
+        key = _cache_scope(scope["path"], query.get("device", "cpu"), query.get("mode", "infer"))
         cache: ConfigCache | None = getattr(scope["app"].state, "config_cache", None)
         entry = cache.get(key, query.get("hardware")) if key and cache else None
         if entry is not None:

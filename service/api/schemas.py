@@ -9,7 +9,9 @@ from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from service.store import ConfigSummary, Job, Model
+from tuner.config import Mode
 from tuner.device import KINDS
+from tuner.training import optimizer_names
 
 # The tuner's registry of device kinds, so the API accepts exactly what workers can tune on; a
 # job targets a kind, never one GPU ("cuda:1" is the worker's choice). A Literal keeps the enum
@@ -23,10 +25,31 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 Budget = Field(default=None, gt=0, le=7 * 24 * 3600, description="Tuning time budget, seconds")
 MAX_WORLD_SIZE = 64  # ranks of one distributed job (each rank is a process on one worker)
+Optimizer = Literal[tuple(optimizer_names())]  # type: ignore[valid-type]
+ModeField = Field(
+    default="infer",
+    description='"train": tune a training step (forward, loss, backward, and the optimizer '
+    "step when one is named) of a program exported in train mode",
+)
+OptimizerField = Field(
+    default=None, description='With mode "train": one optimizer step per timed step'
+)
+
+
+ModeQuery = Annotated[
+    Mode, Query(description='The config\'s mode: "infer" (default) or "train" (a training step)')
+]
+
+
+def check_training_request(mode: str, optimizer: str | None) -> None:
+    """An optimizer only makes sense for a training step."""
+    if optimizer is not None and mode != "train":
+        raise ValueError('optimizer needs mode "train"')
 
 
 class ConfigSummaryOut(BaseModel):
     device: str
+    mode: Mode = "infer"
     hardware_key: str
     fingerprint: str
     backend: str | None
@@ -40,6 +63,7 @@ class ConfigSummaryOut(BaseModel):
     def of(cls, c: ConfigSummary) -> ConfigSummaryOut:
         return cls(
             device=c.device,
+            mode=c.mode,  # type: ignore[arg-type]  # the database's check constraint
             hardware_key=c.hardware_key,
             fingerprint=c.fingerprint,
             backend=c.backend,
@@ -69,6 +93,8 @@ class JobOut(BaseModel):
     rank_models: list[int] | None = Field(
         default=None, description="A distributed job's model per rank (rank 0 is model_id)"
     )
+    mode: Mode = "infer"
+    optimizer: str | None = None
     attempts: int
     max_attempts: int
     progress: float
@@ -120,6 +146,13 @@ class UploadOptions(BaseModel):
     tune: bool = False
     device: Device = "cpu"
     budget_s: float | None = Budget
+    mode: Mode = ModeField
+    optimizer: Optimizer | None = OptimizerField
+
+    @model_validator(mode="after")
+    def _optimizer_trains(self) -> UploadOptions:
+        check_training_request(self.mode, self.optimizer)
+        return self
 
 
 class JobCreate(BaseModel):
@@ -145,9 +178,17 @@ class JobCreate(BaseModel):
         description="With world_size N > 1: the uploaded model of every rank, in rank order; "
         "the first is the model in the path, and all must share one fingerprint",
     )
+    mode: Mode = ModeField
+    optimizer: Optimizer | None = OptimizerField
 
     @model_validator(mode="after")
     def _ranks_named(self) -> JobCreate:
+        check_training_request(self.mode, self.optimizer)
+        if self.mode == "train" and (self.world_size > 1 or self.sizes):
+            raise ValueError(
+                'mode "train" tunes one process at the example size: world_size > 1 and '
+                "sizes are not supported with it yet"
+            )
         if self.world_size == 1 and self.rank_models not in (None, []):
             raise ValueError("rank_models needs world_size > 1")
         if self.world_size > 1:

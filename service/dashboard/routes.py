@@ -15,6 +15,8 @@ from service.dashboard import format as fmt
 from service.dashboard import views
 from service.dashboard.auth import TOKEN_COOKIE, LoginRequired, require_page_reader
 from service.store import NotFound
+from tuner.config import Mode
+from tuner.training import optimizer_names
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
@@ -44,6 +46,7 @@ def page(
         "token_required": settings.token is not None,
         "token_cookie": TOKEN_COOKIE,
         "devices": DEVICES,
+        "optimizers": optimizer_names(),
         **context,
     }
     return templates.TemplateResponse(
@@ -63,6 +66,7 @@ def index(request: Request, store: StoreDep, settings: SettingsDep) -> HTMLRespo
         "model_names": names,
         "chart": views.speedup_chart(rows),
         "hardware_label": views.hardware_label,
+        "mode_label": views.mode_label,
     }
     return page(request, settings, "index.html", context)
 
@@ -75,9 +79,10 @@ def model(
     settings: SettingsDep,
     device: Annotated[Device | None, Query()] = None,
     hardware: Annotated[str | None, Query()] = None,
+    mode: Annotated[Mode | None, Query()] = None,
 ) -> HTMLResponse:
     try:
-        view = views.model_page(store, model_id, device, hardware)
+        view = views.model_page(store, model_id, device, hardware, mode)
     except NotFound as exc:
         return page(request, settings, "not_found.html", {"detail": str(exc)}, status=404)
     context = {
@@ -85,6 +90,8 @@ def model(
         "model_names": {view.model.id: view.model.name},
         "hardware_label": views.hardware_label,
         "key_label": views.key_label,
+        "tab_label": views.tab_label,
+        "mode_label": views.mode_label,
     }
     return page(request, settings, "model.html", context)
 

@@ -83,6 +83,7 @@ class ModelPage:
     ranks: list[Row] = field(default_factory=list)  # per rank, for distributed jobs
     breakdown: Breakdown | None = None
     downloads: list[Link] = field(default_factory=list)
+    training: Row | None = None  # a training config's step and its figure over torch.compile
 
 
 def missing_reason(summary: Mapping[str, Any], key: str) -> str | None:
@@ -166,6 +167,34 @@ def hardware_label(row: Row) -> str:
     return " · ".join(str(p) for p in parts)
 
 
+def mode_label(mode: str) -> str:
+    """What the figures of a config are per: a call (inference) or a training step."""
+    return "training" if mode == "train" else "inference"
+
+
+def tab_label(summary: ConfigSummary) -> str:
+    label = key_label(summary.hardware_key)
+    return label if summary.mode == "infer" else f"{label} · {mode_label(summary.mode)}"
+
+
+def training_view(config: Mapping[str, Any]) -> Row | None:
+    """The step a training config was tuned for, and the shipped step over torch.compile of
+    the original's step (the reference seed 002 measures against)."""
+    if config.get("mode") != "train":
+        return None
+    setup = config.get("training") or {}
+    versus = (config.get("tuning") or {}).get("versus_compile") or {}
+    low, high = (versus.get("ci") or [None, None])[:2]
+    return {
+        "optimizer": setup.get("optimizer"),
+        "loss": setup.get("loss"),
+        "versus_compile": versus.get("speedup"),
+        "versus_compile_ci": (low, high),
+        "versus_compile_verdict": versus.get("verdict"),
+        "versus_compile_reason": versus.get("reason"),
+    }
+
+
 def key_label(key: str) -> str:
     """`cpu|AMD EPYC|torch2.13.0|t2` as people read it."""
     parts = key.split("|")
@@ -193,10 +222,11 @@ def speedup_chart(rows: Sequence[Row]) -> dict[str, Any] | None:
             labels.append(f"{r['model']} (#{r['model_id']})")
     datasets: dict[str, dict[str, Any]] = {}
     for r in rows:
+        training = r.get("mode") == "train"
         ds = datasets.setdefault(
-            r["hardware_key"],
+            f"{r['hardware_key']}|{r.get('mode', 'infer')}",
             {
-                "label": hardware_label(r),
+                "label": hardware_label(r) + (" · training step" if training else ""),
                 "data": [None] * len(labels),
                 "ci": [None] * len(labels),
                 "verdict": [None] * len(labels),
@@ -210,7 +240,10 @@ def speedup_chart(rows: Sequence[Row]) -> dict[str, Any] | None:
 
 
 def _query(summary: ConfigSummary, **extra: str) -> str:
-    return urlencode({"device": summary.device, "hardware": summary.hardware_key, **extra})
+    target = {"device": summary.device, "hardware": summary.hardware_key}
+    if summary.mode != "infer":
+        target["mode"] = summary.mode
+    return urlencode({**target, **extra})
 
 
 def downloads(tuned: StoredConfig) -> list[Link]:
@@ -247,26 +280,38 @@ def index_rows(store: AbstractStore) -> tuple[list[Model], list[Row], list[Job]]
     return models, model_rows(store, models), store.list_jobs(limit=RECENT_JOBS)
 
 
-def _pick(configs: list[ConfigSummary], device: str | None, hardware: str | None) -> ConfigSummary:
+def _pick(
+    configs: list[ConfigSummary], device: str | None, hardware: str | None, mode: str | None
+) -> ConfigSummary:
     """The asked-for config, else the newest; NotFound when the model has none that matches."""
     matching = [
-        c for c in configs if device in (None, c.device) and hardware in (None, c.hardware_key)
+        c
+        for c in configs
+        if device in (None, c.device)
+        and hardware in (None, c.hardware_key)
+        and mode in (None, c.mode)
     ]
     if not matching:
-        raise NotFound(f"no tuned config for device={device} hardware={hardware}")
+        raise NotFound(f"no tuned config for device={device} hardware={hardware} mode={mode}")
     return max(matching, key=lambda c: (c.updated_at, c.id))
 
 
 def model_page(
-    store: AbstractStore, model_id: int, device: str | None = None, hardware: str | None = None
+    store: AbstractStore,
+    model_id: int,
+    device: str | None = None,
+    hardware: str | None = None,
+    mode: str | None = None,
 ) -> ModelPage:
     model = store.get_model(model_id)
     configs = store.list_configs([model_id])
     jobs = store.list_jobs(model_id=model_id, limit=RECENT_JOBS)
-    if not configs and device is None and hardware is None:
+    if not configs and device is None and hardware is None and mode is None:
         return ModelPage(model, configs, jobs)
-    chosen = _pick(configs, device, hardware)
-    tuned = store.get_config(model_id, chosen.device, chosen.hardware_key, details=True)
+    chosen = _pick(configs, device, hardware, mode)
+    tuned = store.get_config(
+        model_id, chosen.device, chosen.hardware_key, details=True, mode=chosen.mode
+    )
     return ModelPage(
         model=model,
         configs=configs,
@@ -280,4 +325,5 @@ def model_page(
         ranks=rank_rows(tuned.config),
         breakdown=breakdown({p.kind: p.summary for p in tuned.profiles}),
         downloads=downloads(tuned),
+        training=training_view(tuned.config),
     )

@@ -26,6 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")
 DEVICES = ("cpu", "cuda", "xla")
 PROFILE_KINDS = ("baseline", "tuned")
+MODES = ("infer", "train")  # what a job tunes: inference, or a training step
 
 
 def utcnow() -> datetime:
@@ -83,6 +84,7 @@ class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         CheckConstraint(f"status IN {JOB_STATUSES!r}", name="status"),
+        CheckConstraint(f"mode IN {MODES!r}", name="mode"),
         Index("ix_jobs_claim", "status", "device", "not_before"),
     )
 
@@ -96,6 +98,9 @@ class JobRow(Base):
     world_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # The uploaded program of each rank, in rank order (model ids; [0] is model_id); None: 1 rank.
     rank_models: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    mode: Mapped[str] = mapped_column(String(8), default="infer", server_default="infer")
+    # With mode "train": the optimizer stepped in each timed step (None: gradients only).
+    optimizer: Mapped[str | None] = mapped_column(String(16), nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
@@ -114,18 +119,25 @@ class JobRow(Base):
 
 
 class TunedConfigRow(Base):
-    """The best config for one model on one kind of hardware; a newer tuning run replaces it."""
+    """The best config for one model, mode and kind of hardware; a newer run replaces it.
+
+    Inference and training configs of one upload live side by side: a training step is tuned
+    for other work than inference, so neither may replace the other."""
 
     __tablename__ = "tuned_configs"
     __table_args__ = (
-        UniqueConstraint("model_id", "device", "hardware_key", name="uq_tuned_configs_target"),
-        Index("ix_tuned_configs_lookup", "fingerprint", "device"),
+        UniqueConstraint(
+            "model_id", "device", "mode", "hardware_key", name="uq_tuned_configs_target"
+        ),
+        CheckConstraint(f"mode IN {MODES!r}", name="mode"),
+        Index("ix_tuned_configs_lookup", "fingerprint", "device", "mode"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
     device: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[str] = mapped_column(String(8), default="infer", server_default="infer")
     hardware_key: Mapped[str] = mapped_column(String(255))
     hardware: Mapped[dict[str, Any]]
     fingerprint: Mapped[str] = mapped_column(String(64))

@@ -47,8 +47,11 @@ class AbstractStore(ABC):
         sizes: dict[str, list[int]] | None = None,
         world_size: int = 1,
         rank_models: list[int] | None = None,
+        mode: str = "infer",
+        optimizer: str | None = None,
     ) -> tuple[Job, bool]:
-        """Queue a tuning job; an unfinished job for the same model, device and ranks is reused.
+        """Queue a tuning job; an unfinished job for the same model, device, ranks, mode and
+        optimizer is reused.
 
         A distributed job (`world_size` > 1) names every rank's model, rank 0's first."""
 
@@ -118,13 +121,23 @@ class AbstractStore(ABC):
 
     @abstractmethod
     def get_config(
-        self, model_id: int, device: str, hardware_key: str | None = None, details: bool = False
+        self,
+        model_id: int,
+        device: str,
+        hardware_key: str | None = None,
+        details: bool = False,
+        mode: str = "infer",
     ) -> StoredConfig:
         """The newest config for the target; `details` adds site decisions and profiles."""
 
     @abstractmethod
     def get_config_by_fingerprint(
-        self, fingerprint: str, device: str, hardware_key: str | None = None, details: bool = False
+        self,
+        fingerprint: str,
+        device: str,
+        hardware_key: str | None = None,
+        details: bool = False,
+        mode: str = "infer",
     ) -> StoredConfig: ...
 
     @abstractmethod

@@ -39,6 +39,8 @@ class Job:
     sizes: dict[str, list[int]] | None = None  # sizes to tune dynamic dims at (None: default)
     world_size: int = 1  # ranks of a distributed job
     rank_models: list[int] | None = None  # each rank's uploaded program (model ids, rank order)
+    mode: str = "infer"  # "train": a training step is tuned (tuner.tune_train)
+    optimizer: str | None = None  # with mode "train": stepped each timed step (None: none)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class ConfigSummary:
     etag: str
     has_aoti: bool
     updated_at: datetime
+    mode: str = "infer"
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class TuningResult:
     aoti_sha256: str | None
     report_sha256: str
     profiles: tuple[Profile, ...] = ()
+    mode: str = "infer"
+    optimizer: str | None = None  # a training config's optimizer (None: gradients only)
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,8 @@ class SqlAlchemyStore(AbstractStore):
         sizes: dict[str, list[int]] | None = None,
         world_size: int = 1,
         rank_models: list[int] | None = None,
+        mode: str = "infer",
+        optimizer: str | None = None,
     ) -> tuple[Job, bool]:
         with self._tx(write=True) as s:
             # Locking the model row serialises enqueues per model, so "reuse the active job"
@@ -120,10 +122,11 @@ class SqlAlchemyStore(AbstractStore):
                             JobRow.device == device,
                             JobRow.status.in_(ACTIVE),
                             JobRow.world_size == world_size,
+                            JobRow.mode == mode,
                         )
                         .order_by(JobRow.id)
                     )
-                    if j.rank_models == rank_models
+                    if j.rank_models == rank_models and j.optimizer == optimizer
                 ),
                 None,
             )
@@ -136,6 +139,8 @@ class SqlAlchemyStore(AbstractStore):
                 sizes=sizes,
                 world_size=world_size,
                 rank_models=rank_models,
+                mode=mode,
+                optimizer=optimizer,
                 status="queued",
                 attempts=0,
                 max_attempts=self.policy.max_attempts,
@@ -264,13 +269,17 @@ class SqlAlchemyStore(AbstractStore):
             .where(
                 TunedConfigRow.model_id == model_id,
                 TunedConfigRow.device == job.device,
+                TunedConfigRow.mode == result.mode,
                 TunedConfigRow.hardware_key == result.hardware_key,
             )
             .with_for_update()
         ).first()
         if row is None:
             row = TunedConfigRow(
-                model_id=model_id, device=job.device, hardware_key=result.hardware_key
+                model_id=model_id,
+                device=job.device,
+                mode=result.mode,
+                hardware_key=result.hardware_key,
             )
             s.add(row)
         row.job_id = job.id
@@ -345,21 +354,35 @@ class SqlAlchemyStore(AbstractStore):
     # configs
 
     def get_config(
-        self, model_id: int, device: str, hardware_key: str | None = None, details: bool = False
+        self,
+        model_id: int,
+        device: str,
+        hardware_key: str | None = None,
+        details: bool = False,
+        mode: str = "infer",
     ) -> StoredConfig:
         q = select(TunedConfigRow).where(
-            TunedConfigRow.model_id == model_id, TunedConfigRow.device == device
+            TunedConfigRow.model_id == model_id,
+            TunedConfigRow.device == device,
+            TunedConfigRow.mode == mode,
         )
-        missing = f"no tuned config for model {model_id} on {device}"
+        missing = f"no tuned {_mode_word(mode)}config for model {model_id} on {device}"
         return self._one_config(q, hardware_key, details, missing)
 
     def get_config_by_fingerprint(
-        self, fingerprint: str, device: str, hardware_key: str | None = None, details: bool = False
+        self,
+        fingerprint: str,
+        device: str,
+        hardware_key: str | None = None,
+        details: bool = False,
+        mode: str = "infer",
     ) -> StoredConfig:
         q = select(TunedConfigRow).where(
-            TunedConfigRow.fingerprint == fingerprint, TunedConfigRow.device == device
+            TunedConfigRow.fingerprint == fingerprint,
+            TunedConfigRow.device == device,
+            TunedConfigRow.mode == mode,
         )
-        missing = f"no tuned config for fingerprint {fingerprint} on {device}"
+        missing = f"no tuned {_mode_word(mode)}config for fingerprint {fingerprint} on {device}"
         return self._one_config(q, hardware_key, details, missing)
 
     def _one_config(
@@ -377,11 +400,17 @@ class SqlAlchemyStore(AbstractStore):
             return _config(row, details)
 
     def list_configs(self, model_ids: list[int] | None = None) -> list[ConfigSummary]:
-        q = select(TunedConfigRow).order_by(TunedConfigRow.model_id, TunedConfigRow.device)
+        q = select(TunedConfigRow).order_by(
+            TunedConfigRow.model_id, TunedConfigRow.device, TunedConfigRow.mode
+        )
         if model_ids is not None:
             q = q.where(TunedConfigRow.model_id.in_(model_ids))
         with self._tx() as s:
             return [_summary(r) for r in s.scalars(q)]
+
+
+def _mode_word(mode: str) -> str:
+    return "" if mode == "infer" else f"{mode}ing "
 
 
 def _get(s: Session, cls: type[T], ident: int, what: str, lock: bool = False) -> T:
@@ -429,6 +458,8 @@ def _job(r: JobRow) -> Job:
         sizes=r.sizes,
         world_size=r.world_size,
         rank_models=r.rank_models,
+        mode=r.mode,
+        optimizer=r.optimizer,
     )
 
 
@@ -445,6 +476,7 @@ def _summary(r: TunedConfigRow) -> ConfigSummary:
         etag=r.etag,
         has_aoti=r.aoti_sha256 is not None,
         updated_at=r.updated_at,
+        mode=r.mode,
     )
 
 

@@ -231,3 +231,72 @@ def test_a_stalled_then_stopped_service_leaves_the_cached_config(
     assert len(warned) == 1 and "cached config" in warned[0] and "unreachable" in warned[0]
     x = torch.randn(2, 8)
     torch.testing.assert_close(module(x), tuned.module(x))
+
+
+class Towers(nn.Module):
+    """Eight parallel linears on one input: `fuse_horizontal_linear` fires, also in training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
+        self.head = nn.Linear(128, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([torch.relu(t(x)) for t in self.towers], dim=1))
+
+
+def sgd_losses(module: nn.Module, batches: list[torch.Tensor]) -> list[float]:
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    losses = []
+    for x in batches:
+        optimizer.zero_grad()
+        loss = module(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_training_job_is_tuned_served_by_mode_and_trains_like_the_original(
+    tuned: Tuned, tmp_path: Path
+) -> None:
+    """Issue 12 as a user runs it: `fxtune submit --mode train`, the worker tunes the training
+    step, the config is served under mode=train beside inference configs, and the deployment's
+    `load_tuned(..., mode="train")` trains with the original's losses and state_dict."""
+    torch.manual_seed(1)
+    model = tmp_path / "towers_train.pt2"
+    program = torch.export.export(Towers().train(), (torch.randn(32, 16),), strict=False)
+    torch.export.save(program, model)
+    submit = [sys.executable, "-m", "fxtune_cli", "submit", str(model), "--server", tuned.url]
+    done = subprocess.run(
+        [*submit, "--mode", "train", "--optimizer", "sgd", "--budget-s", "10", "--wait"],
+        env=tuned.env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "mode=train" in done.stdout
+
+    fetched = CliRunner().invoke(
+        app, ["fetch", str(model), "--server", tuned.url, "--mode", "train"]
+    )
+    assert fetched.exit_code == 0, fetched.output
+    config = json.loads(fetched.stdout)
+    assert config["mode"] == "train" and config["training"]["optimizer"] == "sgd"
+    names = [c["name"] for c in config["candidates"]]
+    assert "eager + fuse_horizontal_linear" in names, names
+    inference = CliRunner().invoke(app, ["fetch", str(model), "--server", tuned.url])
+    assert inference.exit_code == 2  # tuned for training only: no inference config to serve
+    assert httpx.get(f"{tuned.url}/api/v1/models/{tuned.model_id}/config").status_code == 200
+
+    module, warned = load_recording(model, server=tuned.url, cache_dir=tmp_path, mode="train")
+    assert not [w for w in warned if "untuned" in w], warned
+    original = load_program(model).module()
+    assert module.state_dict().keys() == original.state_dict().keys()
+    batches = [torch.randn(32, 16) for _ in range(5)]
+    torch.testing.assert_close(
+        sgd_losses(module, batches), sgd_losses(original, batches), rtol=1e-4, atol=1e-6
+    )
+    for name, value in module.state_dict().items():
+        torch.testing.assert_close(value, original.state_dict()[name], rtol=1e-4, atol=1e-6)

@@ -139,6 +139,7 @@ def test_upload_follow_and_inspect_in_chromium(
         page.wait_for_url(f"**/models/{model_id}?device=cpu")
         check_model_page(page, config)
         check_downloads(tab, program[1], tmp_path)
+        check_training_job_form(page, url, model_id)
 
         page.goto(url + "/")
         whole = config["whole_model"]
@@ -172,6 +173,21 @@ def check_model_page(page: Any, config: dict[str, Any]) -> None:
     assert breakdown["labels"] == ["baseline", "tuned"] and breakdown["datasets"]
     idle = page.inner_text("#figures-table tr[data-figure=device_idle_us] td.baseline")
     assert idle.startswith("n/a (")
+
+
+def check_training_job_form(page: Any, url: str, model_id: int) -> None:
+    """The tune form queues a training job with its optimizer (on a device no worker serves
+    here, so it stays queued) and the jobs table says what it tunes."""
+    page.select_option("#tune-form select[name=device]", "xla")
+    page.select_option("#tune-form select[name=mode]", "train")
+    page.select_option("#tune-form select[name=optimizer]", "sgd")
+    page.click("#tune-form button[type=submit]")
+    page.wait_for_selector("#tune-result:has-text('job #')")
+    jobs = httpx.get(f"{url}/api/v1/jobs", params={"model_id": model_id}).json()
+    queued = [j for j in jobs if j["device"] == "xla"]
+    assert [(j["mode"], j["optimizer"]) for j in queued] == [("train", "sgd")]
+    row = page.locator(f"#jobs-table tr[data-job-id='{queued[0]['id']}']")
+    assert "xla · training (sgd)" in row.inner_text()
 
 
 def check_downloads(tab: Tab, module: torch.nn.Module, tmp_path: Path) -> None:

@@ -49,6 +49,21 @@ def config(fingerprint: str = FINGERPRINT, speedup: float = 1.5, **hardware: Any
     }
 
 
+def training_config(
+    fingerprint: str = FINGERPRINT, speedup: float = 1.2, optimizer: str | None = "sgd"
+) -> dict[str, Any]:
+    """A training config (`fxtune tune --mode train`), as schema 3 writes it."""
+    cfg = config(fingerprint, speedup)
+    versus = {"candidate": "eager", "baseline_s": 0.004, "candidate_s": 0.003, "speedup": 1.3}
+    return {
+        **cfg,
+        "schema_version": 3,
+        "mode": "train",
+        "training": {"optimizer": optimizer, "loss": "sum over floating outputs of their mean"},
+        "tuning": {**cfg["tuning"], "versus_compile": {**versus, "ci": [1.2, 1.4]}},
+    }
+
+
 def program_fingerprint(program: Path) -> str:
     """What a real tuner reports for `program` (the service checks it; this needs torch)."""
     from tuner.fingerprint import model_fingerprint

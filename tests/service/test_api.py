@@ -14,7 +14,13 @@ from fastapi.testclient import TestClient
 
 from service.core.config import Settings
 from service.main import create_app
-from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
+from tests.service.fakes import (
+    config,
+    program_fingerprint,
+    training_config,
+    upload_parts,
+    write_result,
+)
 from tests.service.helpers import LOCAL, blob_count, spool_count, tiny_program, variant
 
 LOOPBACK = ("127.0.0.1", 40000)
@@ -190,6 +196,56 @@ def test_a_worker_round_trip_serves_config_artifact_and_report(
     assert trace.status_code == 200 and trace.json()["kind"] == "baseline"
     listed = client.get("/api/v1/models").json()[0]["configs"]
     assert [(c["device"], c["speedup"]) for c in listed] == [("cpu", 1.5)]
+
+
+def test_a_training_job_gets_its_own_config_beside_the_inference_one(
+    client: TestClient, program: Path, fingerprint: str, tmp_path: Path
+) -> None:
+    """`"mode": "train"` (issue 12): queued, handed to the worker with its optimizer, checked
+    on completion, and served under `mode=train` without touching the inference config."""
+    model = upload(client, program, tune="true").json()
+    jobs = f"/api/v1/models/{model['id']}/jobs"
+    for bad in (
+        {"device": "cpu", "optimizer": "sgd"},
+        {"device": "cpu", "mode": "train", "optimizer": "lbfgs"},
+        {"device": "cpu", "mode": "serve"},
+        {"device": "cpu", "mode": "train", "sizes": {"batch": [1, 8]}},
+    ):
+        assert client.post(jobs, json=bad).status_code == 422, bad
+    assert upload(client, program, tune="true", optimizer="sgd").status_code == 422
+    train = client.post(jobs, json={"device": "cpu", "mode": "train", "optimizer": "sgd"})
+    assert train.status_code == 202
+    assert (train.json()["mode"], train.json()["optimizer"]) == ("train", "sgd")
+    assert train.json()["id"] != model["job"]["id"] and model["job"]["mode"] == "infer"
+
+    infer_job, train_job = claim(client), claim(client)
+    assert train_job["job"]["mode"] == "train" and train_job["job"]["optimizer"] == "sgd"
+    assert complete(client, infer_job, write_result(tmp_path / "i", program)).status_code == 200
+    wrong = complete(client, train_job, write_result(tmp_path / "w", program))
+    assert wrong.status_code == 422 and "mode 'infer'" in wrong.json()["detail"]
+    adamw = training_config(fingerprint, optimizer="adamw")
+    wrong = complete(client, train_job, write_result(tmp_path / "a", program, adamw))
+    assert wrong.status_code == 422 and "optimizer adamw" in wrong.json()["detail"]
+    trained = training_config(fingerprint, speedup=1.2)
+    assert complete(client, train_job, write_result(tmp_path / "t", program, trained)).is_success
+
+    base = f"/api/v1/models/{model['id']}"
+    for _ in range(2):  # the second time from the in-memory cache, still kept apart by mode
+        assert client.get(f"{base}/config").json() == config(fingerprint)
+        assert client.get(f"{base}/config?mode=train").json() == trained
+        assert client.get(f"/api/v1/configs/{fingerprint}?mode=train").json() == trained
+        assert client.get(f"/api/v1/configs/{fingerprint}").json() == config(fingerprint)
+    report = client.get(f"{base}/report", params={"mode": "train"}).json()
+    assert report["tuned"]["mode"] == "train" and "mode=train" in report["artifacts"]["program"]
+    assert client.get(report["artifacts"]["program"]).status_code == 200
+    sites = client.get(f"{base}/sites.csv?mode=train").text.splitlines()
+    assert sites[0].startswith("model_id,device,mode,") and ",train," in sites[1]
+    listed = client.get(f"/api/v1/models/{model['id']}").json()["configs"]
+    assert sorted((c["mode"], c["speedup"]) for c in listed) == [("infer", 1.5), ("train", 1.2)]
+    assert client.get(f"{base}/config?mode=bogus").status_code == 422
+    other = upload(client, variant(program, tmp_path / "v.pt2", "never trained")).json()
+    missing = client.get(f"/api/v1/models/{other['id']}/config?mode=train")
+    assert missing.status_code == 404 and "training config" in missing.json()["detail"]
 
 
 def test_a_stale_lease_gets_409_and_changes_nothing(

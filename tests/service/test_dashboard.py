@@ -22,7 +22,13 @@ from service.core.config import Settings
 from service.dashboard import format as fmt
 from service.dashboard.auth import TOKEN_COOKIE
 from service.main import create_app
-from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
+from tests.service.fakes import (
+    config,
+    program_fingerprint,
+    training_config,
+    upload_parts,
+    write_result,
+)
 from tests.service.helpers import LOCAL, tiny_program, variant
 
 LOOPBACK = ("127.0.0.1", 40000)
@@ -542,3 +548,44 @@ def test_model_page_shows_the_bucket_each_size_falls_in(tmp_path: Path) -> None:
     ]
     assert [r.attrs.get("class") for r in rows] == ["chosen", "chosen", None]
     assert "each size bucket runs the candidate that won inside it" in html
+
+
+def test_training_configs_get_rows_of_their_own(tmp_path: Path) -> None:
+    """Issue 12: a model tuned for inference and for a training step shows both, apart: one
+    row each on the index, a tab each, and the training page's step and torch.compile figure."""
+    settings = Settings(
+        data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}"
+    )
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+        program = tmp_path / "tiny.pt2"
+        tiny_program(program)
+        model_id = upload(client, program, "towers")["id"]
+        store_result(client, program, tmp_path / "i", rich_config())
+        job = {"device": "cpu", "mode": "train", "optimizer": "sgd"}
+        assert client.post(f"/api/v1/models/{model_id}/jobs", json=job).status_code == 202
+        store_result(client, program, tmp_path / "t", training_config(speedup=1.25))
+
+        rows = page(client, "/").tables["models-table"]
+        modes = {r.attrs["data-mode"]: r for r in rows if "data-mode" in r.attrs}
+        assert set(modes) == {"infer", "train"}
+        assert "training · sgd" in [c.text for c in modes["train"].cells]
+        for mode, row in modes.items():
+            whole = report(client, model_id, mode=mode)["config"]["whole_model"]
+            assert next(c for c in row.cells if "speedup" in c.classes).value == whole["speedup"]
+        labels = [d["label"] for d in page(client, "/").json["speedup-data"]["datasets"]]
+        assert sorted(label.endswith("training step") for label in labels) == [False, True]
+
+        view = page(client, f"/models/{model_id}?mode=train")
+        html = client.get(f"/models/{model_id}?mode=train").text
+        tabs = [a for a in view.links if a["href"].startswith(f"/models/{model_id}?")]
+        current = [a for a in tabs if a.get("aria-current") == "page"]
+        assert len(tabs) == 2 and len(current) == 1 and "mode=train" in current[0]["href"]
+        assert "time per training step" in html and 'id="versus-compile" data-value="1.3"' in html
+        assert "one sgd step" in html
+        api = [a["href"] for a in view.links if a["href"].startswith("/api/v1/models/")]
+        downloads = [h for h in api if "/file" not in h]
+        assert downloads and all("mode=train" in h for h in downloads)
+        assert all(client.get(h).status_code == 200 for h in downloads)
+        jobs = view.tables["jobs-table"]
+        assert "cpu · training (sgd)" in [c.text for r in jobs for c in r.cells]
+        assert "versus-compile" not in client.get(f"/models/{model_id}?mode=infer").text

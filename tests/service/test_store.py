@@ -13,8 +13,9 @@ from service.db.models import utcnow
 from service.reports import tuning_result
 from service.store import NotFound, QueuePolicy, StaleLease, TuningResult
 from service.store.sqlalchemy_store import SqlAlchemyStore
-from tests.service.fakes import FINGERPRINT, config
+from tests.service.fakes import FINGERPRINT, config, training_config
 
+DIGESTS = {"report": "r" * 64, "program": "b" * 64}
 POLICY = QueuePolicy(lease_s=30, max_attempts=2, backoff_s=10, backoff_max_s=100)
 SHA = "a" * 64
 
@@ -175,6 +176,38 @@ def test_completion_stores_the_config_its_rows_and_replaces_older_ones(
         store.get_config(model.id, "cuda")
     with pytest.raises(NotFound):
         store.get_config_by_fingerprint(tuned.summary.fingerprint, "cpu", hardware_key="other")
+
+
+def test_training_and_inference_configs_of_one_model_live_side_by_side(
+    store: SqlAlchemyStore,
+) -> None:
+    """Keyed by mode as well: a training run must not replace what inference deploys."""
+    model, _ = store.add_model(SHA, "m", 1, FINGERPRINT)
+    infer, _ = store.enqueue_job(model.id, "cpu", None)
+    train, created = store.enqueue_job(model.id, "cpu", None, mode="train", optimizer="sgd")
+    adamw, created_adamw = store.enqueue_job(model.id, "cpu", None, mode="train", optimizer="adamw")
+    assert created and created_adamw and len({infer.id, train.id, adamw.id}) == 3
+    assert (train.mode, train.optimizer) == ("train", "sgd") and infer.mode == "infer"
+    assert store.enqueue_job(model.id, "cpu", None, mode="train", optimizer="sgd")[0].id == train.id
+    reports = {
+        infer.id: {"config": config(speedup=2.0)},
+        train.id: {"config": training_config(speedup=1.25)},
+    }
+    for _ in range(2):
+        claim = store.claim_job("cpu", "w", {})
+        assert claim
+        report = reports[claim.job.id]
+        store.complete_job(claim.job.id, claim.lease_token, tuning_result(report, DIGESTS))
+    assert store.get_config(model.id, "cpu").summary.speedup == 2.0
+    trained = store.get_config(model.id, "cpu", mode="train")
+    assert trained.summary.speedup == 1.25 and trained.summary.mode == "train"
+    assert trained.config["training"]["optimizer"] == "sgd"
+    by_fp = store.get_config_by_fingerprint(FINGERPRINT, "cpu", mode="train")
+    assert by_fp.summary.id == trained.summary.id
+    assert sorted(c.mode for c in store.list_configs([model.id])) == ["infer", "train"]
+    other, _ = store.add_model("d" * 64, "untrained", 1)
+    with pytest.raises(NotFound, match="no tuned training config"):
+        store.get_config(other.id, "cpu", mode="train")
 
 
 def test_other_hardware_gets_its_own_config(store: SqlAlchemyStore) -> None:

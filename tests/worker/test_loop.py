@@ -191,6 +191,18 @@ def test_the_tune_command_carries_the_jobs_sizes(tmp_path: Path) -> None:
     assert given == ["batch=1,32,512", "seq=128"]
 
 
+def test_the_tune_command_carries_a_training_jobs_mode_and_optimizer(tmp_path: Path) -> None:
+    job = Assignment(1, 1, "cpu", None, "token", 30.0, "0" * 64, 1, "m", "/file")
+    worker = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
+    plain = worker.command(job, tmp_path / "m.pt2", tmp_path)
+    assert "--mode" not in plain and "--optimizer" not in plain
+    train = dataclasses.replace(job, mode="train")
+    cmd = worker.command(train, tmp_path / "m.pt2", tmp_path)
+    assert cmd[cmd.index("--mode") + 1] == "train" and "--optimizer" not in cmd
+    cmd = worker.command(dataclasses.replace(train, optimizer="adamw"), tmp_path / "m", tmp_path)
+    assert cmd[cmd.index("--optimizer") + 1] == "adamw"
+
+
 def test_a_distributed_job_runs_the_ranks_and_uploads_every_ranks_program(
     tmp_path: Path,
 ) -> None:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from service.api.deps import ConfigCacheDep, Reader, StoreDep
 from service.api.errors import errors
 from service.api.responses import serve_config
-from service.api.schemas import Device
+from service.api.schemas import Device, ModeQuery
 
 router = APIRouter(tags=["configs"])
 
@@ -30,12 +30,14 @@ async def get_config_by_fingerprint(
     cache: ConfigCacheDep,
     device: Annotated[Device, Query()] = "cpu",
     hardware: Annotated[str | None, Query()] = None,
+    mode: ModeQuery = "infer",
 ) -> Response:
-    """The newest tuned config for this fingerprint (`tuner.fingerprint.model_fingerprint`)."""
+    """The newest tuned config for this fingerprint (`tuner.fingerprint.model_fingerprint`);
+    `mode=train` for the training config (`load_tuned(..., mode="train")`)."""
     return await serve_config(
         request,
         cache,
-        ("fp", fingerprint, device),
+        ("fp", fingerprint, device, mode),
         hardware,
-        lambda: store.get_config_by_fingerprint(fingerprint, device, hardware),
+        lambda: store.get_config_by_fingerprint(fingerprint, device, hardware, mode=mode),
     )

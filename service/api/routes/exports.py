@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Response
 
 from service.api.deps import Reader, StoreDep
 from service.api.errors import errors
-from service.api.schemas import Device, IdPath
+from service.api.schemas import Device, IdPath, ModeQuery
 from service.rows import Row, model_rows, site_rows
 
 router = APIRouter(tags=["exports"])
@@ -19,6 +19,7 @@ MODEL_COLUMNS = (
     "model_id",
     "model",
     "device",
+    "mode",
     "hardware_key",
     "hardware",
     "threads",
@@ -42,6 +43,7 @@ MODEL_COLUMNS = (
 SITE_COLUMNS = (
     "model_id",
     "device",
+    "mode",
     "hardware_key",
     "pass",
     "site_id",
@@ -90,7 +92,8 @@ def csv_response(rows: Sequence[Row], columns: Sequence[str], filename: str) -> 
     responses={**CSV, **errors(401)},
 )
 def models_csv(store: StoreDep) -> Response:
-    """One row per tuned config (model x device x hardware): whole-model speedup and interval."""
+    """One row per tuned config (model x device x mode x hardware): whole-model speedup and
+    interval."""
     return csv_response(model_rows(store), MODEL_COLUMNS, "fxtune-models.csv")
 
 
@@ -105,10 +108,17 @@ def sites_csv(
     store: StoreDep,
     device: Annotated[Device, Query()] = "cpu",
     hardware: Annotated[str | None, Query()] = None,
+    mode: ModeQuery = "infer",
 ) -> Response:
     """Every per-site decision of one tuned config, the biggest time saved first."""
     store.get_model(model_id)  # an unknown model is its own 404, not "no config yet"
-    tuned = store.get_config(model_id, device, hardware)
-    key = {"model_id": model_id, "device": device, "hardware_key": tuned.summary.hardware_key}
+    tuned = store.get_config(model_id, device, hardware, mode=mode)
+    key = {
+        "model_id": model_id,
+        "device": device,
+        "mode": mode,
+        "hardware_key": tuned.summary.hardware_key,
+    }
     rows = [{**key, **r} for r in site_rows(tuned.config)]
-    return csv_response(rows, SITE_COLUMNS, f"fxtune-model-{model_id}-{device}-sites.csv")
+    name = f"fxtune-model-{model_id}-{device}{'' if mode == 'infer' else '-' + mode}-sites.csv"
+    return csv_response(rows, SITE_COLUMNS, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
@@ -33,6 +34,7 @@ from service.api.schemas import (
     JobOut,
     Limit,
     ModelOut,
+    ModeQuery,
     Offset,
     UploadOptions,
 )
@@ -42,6 +44,7 @@ from service.store import ConfigSummary, StoredConfig
 from tuner.device import KINDS
 from tuner.errors import ArtifactFormatError, UnsafeArtifactError
 from tuner.load import check_archive
+from tuner.training import optimizer_names
 
 router = APIRouter(tags=["models"])
 
@@ -66,6 +69,8 @@ UPLOAD_BODY = {
                         "tune": {"type": "boolean", "default": False},
                         "device": {"type": "string", "enum": list(KINDS)},
                         "budget_s": {"type": "number"},
+                        "mode": {"type": "string", "enum": ["infer", "train"]},
+                        "optimizer": {"type": "string", "enum": optimizer_names()},
                     },
                 }
             }
@@ -146,7 +151,14 @@ async def upload_model(
     job = None
     if options.tune:
         job, _ = await run_in_threadpool(
-            store.enqueue_job, model.id, options.device, options.budget_s
+            partial(
+                store.enqueue_job,
+                model.id,
+                options.device,
+                options.budget_s,
+                mode=options.mode,
+                optimizer=options.optimizer,
+            )
         )
     configs = await run_in_threadpool(store.list_configs, [model.id])
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
@@ -199,7 +211,8 @@ def download_upload(model_id: IdPath, store: StoreDep, artifacts: ArtifactsDep) 
     responses=errors(400, 401, 404, 422),
 )
 def create_job(model_id: IdPath, body: JobCreate, store: StoreDep) -> JobOut:
-    """Queue tuning for a device; an unfinished job for the same device is returned instead.
+    """Queue tuning for a device; an unfinished job for the same device (and mode, ranks and
+    optimizer) is returned instead. `mode` "train" tunes a training step.
 
     `world_size` N > 1 with `rank_models` (N uploads, rank 0 first) queues a distributed job."""
     rank_models = None
@@ -211,7 +224,14 @@ def create_job(model_id: IdPath, body: JobCreate, store: StoreDep) -> JobOut:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         rank_models = body.rank_models
     job, _ = store.enqueue_job(
-        model_id, body.device, body.budget_s, body.sizes, body.world_size, rank_models
+        model_id,
+        body.device,
+        body.budget_s,
+        body.sizes,
+        body.world_size,
+        rank_models,
+        mode=body.mode,
+        optimizer=body.optimizer,
     )
     return JobOut.of(job)
 
@@ -232,22 +252,28 @@ async def get_config(
     cache: ConfigCacheDep,
     device: DeviceQuery = "cpu",
     hardware: HardwareQuery = None,
+    mode: ModeQuery = "infer",
 ) -> Response:
     """The tuned config; send If-None-Match with the last ETag to get a cheap 304."""
     return await serve_config(
         request,
         cache,
-        ("model", model_id, device),
+        ("model", model_id, device, mode),
         hardware,
-        lambda: _tuned(store, model_id, device, hardware),
+        lambda: _tuned(store, model_id, device, hardware, mode=mode),
     )
 
 
 def _tuned(
-    store: StoreDep, model_id: int, device: str, hardware: str | None, details: bool = False
+    store: StoreDep,
+    model_id: int,
+    device: str,
+    hardware: str | None,
+    details: bool = False,
+    mode: str = "infer",
 ) -> StoredConfig:
     store.get_model(model_id)  # an unknown model is its own 404, not "no config yet"
-    return store.get_config(model_id, device, hardware, details)
+    return store.get_config(model_id, device, hardware, details, mode)
 
 
 @router.get(
@@ -263,9 +289,10 @@ def get_artifact(
     device: DeviceQuery = "cpu",
     format: Annotated[Literal["pt2", "aoti"], Query()] = "pt2",
     hardware: HardwareQuery = None,
+    mode: ModeQuery = "infer",
 ) -> FileResponse:
     """The transformed program (`.pt2`), or the AOTInductor package with `format=aoti`."""
-    tuned = _tuned(store, model_id, device, hardware)
+    tuned = _tuned(store, model_id, device, hardware, mode=mode)
     model = store.get_model(model_id)
     if format == "aoti":
         if tuned.aoti_sha256 is None:
@@ -283,9 +310,10 @@ def get_report(
     artifacts: ArtifactsDep,
     device: DeviceQuery = "cpu",
     hardware: HardwareQuery = None,
+    mode: ModeQuery = "infer",
 ) -> JSONResponse:
     """The worker's report.json (config with per-site decisions, profiles), artifacts as URLs."""
-    tuned = _tuned(store, model_id, device, hardware, details=True)
+    tuned = _tuned(store, model_id, device, hardware, details=True, mode=mode)
     path = artifacts.path(tuned.report_sha256)
     if not path.is_file():
         raise not_found(f"report {tuned.report_sha256[:12]} is missing from the store")
@@ -293,7 +321,7 @@ def get_report(
     # A distributed job's report (every rank's figures) has no config: this rank's goes in.
     report.setdefault("config", tuned.config)
     base = f"/api/v1/models/{model_id}"
-    query = f"device={device}&hardware={quote(tuned.summary.hardware_key)}"
+    query = f"device={device}&mode={mode}&hardware={quote(tuned.summary.hardware_key)}"
     report["artifacts"] = {
         "program": f"{base}/artifact?{query}",
         "aoti": f"{base}/artifact?{query}&format=aoti" if tuned.aoti_sha256 else None,
@@ -304,6 +332,7 @@ def get_report(
     report["tuned"] = {
         "model_id": model_id,
         "device": device,
+        "mode": mode,
         "hardware_key": tuned.summary.hardware_key,
         "job_id": tuned.summary.job_id,
         "updated_at": tuned.summary.updated_at.isoformat(),
@@ -324,13 +353,14 @@ def get_trace(
     kind: Annotated[Literal["baseline", "tuned"], Query()],
     device: DeviceQuery = "cpu",
     hardware: HardwareQuery = None,
+    mode: ModeQuery = "infer",
 ) -> FileResponse:
     """A profiler trace (Chrome trace JSON; open it in Perfetto or chrome://tracing)."""
-    tuned = _tuned(store, model_id, device, hardware, details=True)
+    tuned = _tuned(store, model_id, device, hardware, details=True, mode=mode)
     sha = next((p.trace_sha256 for p in tuned.profiles if p.kind == kind), None)
     if sha is None:
         raise not_found(f"no {kind} trace for model {model_id} on {device}")
-    return _file(artifacts.path(sha), f"{model_id}-{device}-{kind}.trace.json", sha, "json")
+    return _file(artifacts.path(sha), f"{model_id}-{device}-{mode}-{kind}.trace.json", sha, "json")
 
 
 def _file(path: Path, filename: str, sha256: str, kind: str = "binary") -> FileResponse:

@@ -189,14 +189,18 @@ async def _complete(
         for sha in added:
             artifacts.remove(sha)
         raise
-    cache.invalidate(("fp", result.fingerprint, job.device), ("model", job.model_id, job.device))
+    cache.invalidate(
+        ("fp", result.fingerprint, job.device, result.mode),
+        ("model", job.model_id, job.device, result.mode),
+    )
     return JobOut.of(job)
 
 
 async def _check_result_fits_job(
     result: TuningResult, job: Job, store: AbstractStore, artifacts: ArtifactStore
 ) -> None:
-    """A config for another model, or measured on another kind of device, is refused."""
+    """A config for another model, measured on another kind of device, or tuned for another
+    mode or optimizer than the job asked for, is refused."""
     model = await run_in_threadpool(store.get_model, job.model_id)
     expected = model.fingerprint
     if expected is None:  # stored before uploads were fingerprinted: do it once now
@@ -217,6 +221,11 @@ async def _check_result_fits_job(
         raise _unprocessable(
             f"the report was measured on {kind or 'no device'!r}, but job {job.id} is for "
             f"{job.device!r}"
+        )
+    if (result.mode, result.optimizer) != (job.mode, job.optimizer):
+        raise _unprocessable(
+            f"the report tuned mode {result.mode!r} (optimizer {result.optimizer}), but job "
+            f"{job.id} asked for mode {job.mode!r} (optimizer {job.optimizer})"
         )
 
 
@@ -260,7 +269,10 @@ async def _complete_distributed(
             artifacts.remove(sha)
         raise
     for model, result in zip(models, results, strict=True):
-        cache.invalidate(("fp", result.fingerprint, job.device), ("model", model.id, job.device))
+        cache.invalidate(
+            ("fp", result.fingerprint, job.device, result.mode),
+            ("model", model.id, job.device, result.mode),
+        )
     return JobOut.of(done)
 
 

@@ -180,7 +180,8 @@
     }
     if (job.status === "succeeded") {
       const link = document.createElement("a");
-      link.href = `/models/${job.model_id}?device=${encodeURIComponent(job.device)}`;
+      const mode = job.mode === "train" ? "&mode=train" : "";
+      link.href = `/models/${job.model_id}?device=${encodeURIComponent(job.device)}${mode}`;
       link.className = "results";
       link.textContent = " results →";
       message.appendChild(link);
@@ -211,12 +212,27 @@
     }
   }
 
+  function targetText(job) {
+    if (job.mode !== "train") return job.device;
+    return `${job.device} · training${job.optimizer ? ` (${job.optimizer})` : ""}`;
+  }
+
+  // A training job names its mode; an optimizer is sent only with one.
+  function modeFields(fields) {
+    const out = {};
+    if (fields.get("mode") === "train") {
+      out.mode = "train";
+      if (fields.get("optimizer")) out.optimizer = fields.get("optimizer");
+    }
+    return out;
+  }
+
   function newJobRow(job, modelName) {
     const row = document.createElement("tr");
     row.dataset.jobId = job.id;
     row.dataset.status = job.status;
     row.dataset.modelId = job.model_id;
-    const cells = [`#${job.id}`, null, job.device, null, null, null, null, null];
+    const cells = [`#${job.id}`, null, targetText(job), null, null, null, null, null];
     const classes = [null, null, null, "status", null, "message", "num attempts", "updated muted"];
     cells.forEach((text, i) => {
       const td = document.createElement("td");
@@ -259,9 +275,10 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const fields = new FormData(form);
-      for (const key of ["name", "budget_s"]) {
+      for (const key of ["name", "budget_s", "optimizer"]) {
         if (!fields.get(key)) fields.delete(key);
       }
+      if (fields.get("mode") !== "train") fields.delete("optimizer");
       out.className = "form-result";
       out.textContent = "uploading…";
       const button = form.querySelector("button");
@@ -293,7 +310,7 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const fields = new FormData(form);
-      const body = { device: fields.get("device") };
+      const body = { device: fields.get("device"), ...modeFields(fields) };
       if (fields.get("budget_s")) body.budget_s = Number(fields.get("budget_s"));
       const resp = await api(`/api/v1/models/${form.dataset.modelId}/jobs`, {
         method: "POST",
