@@ -26,6 +26,7 @@ from tuner.device import Device
 from tuner.errors import FxtuneError
 from tuner.profiling.analysis import (
     ITERATION,
+    PHASES,
     category_totals,
     compiled_kernel_calls,
     device_activity,
@@ -34,6 +35,8 @@ from tuner.profiling.analysis import (
     kernel_count,
     launch_time_us,
     peak_allocated_bytes,
+    phase_of,
+    phase_windows,
     reduce_events,
 )
 from tuner.profiling.categories import CATEGORIES, COMPILED_REGION, category_of
@@ -86,6 +89,11 @@ class ProfileSummary:
       included); on CPU the peak of the allocations the iterations made on top of what was alive
       when profiling began (from the profiler's memory records).
     - `wall_us_per_iter`: mean span of the iteration ranges under the profiler.
+    - `phases`: for a training step (`tuner.training`, which marks its forward with the loss, its
+      backward and its optimizer step), per phase: `wall_us_per_iter` (the phase's host range),
+      `op_calls_per_iter` (op events, nested ones included), `kernels_per_iter` (CUDA) and
+      `time_by_category_us`, attributed by when each op started (and on CUDA, what it launched).
+      Empty for inference.
     """
 
     device: str
@@ -100,6 +108,7 @@ class ProfileSummary:
     trace_path: str | None
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,7 +195,9 @@ def profile_callable(
         windows = iteration_windows(raw)
         wall = float((windows["end_us"] - windows["start_us"]).mean())
         summarize = _summarize_cuda if device.kind == "cuda" else _summarize_cpu
-        figures = summarize(raw, op_frame(prof), iterations, wall, missing)
+        ops = op_frame(prof)
+        figures = summarize(raw, ops, iterations, wall, missing)
+        phases = _phases(raw, ops, device, iterations)
     return ProfileSummary(
         device=str(device),
         iterations=iterations,
@@ -194,8 +205,40 @@ def profile_callable(
         wall_us_per_iter=wall,
         trace_path=str(trace_path) if trace_path is not None else None,
         missing=missing,
+        phases=phases,
         **figures,
     )
+
+
+def _phases(
+    raw: pd.DataFrame, ops: pd.DataFrame, device: Device, iterations: int
+) -> dict[str, dict[str, Any]]:
+    """Per phase of a training step, its share of the step (see `ProfileSummary.phases`)."""
+    windows = phase_windows(raw)
+    if windows.empty:
+        return {}
+    in_phase = phase_of(ops["start_us"], windows)
+    activity = device_activity(raw) if device.kind == "cuda" else None
+    column = "device_us" if activity is not None and len(activity) else "self_us"
+    out: dict[str, dict[str, Any]] = {}
+    for phase in PHASES:
+        spans = windows[windows["phase"] == phase]
+        if spans.empty:
+            continue
+        mine = ops[in_phase == phase]
+        launched = None
+        if activity is not None and len(activity):
+            launched = activity[activity["op_id"].isin(mine["id"])]
+        events = reduce_events(mine, launched)
+        out[phase] = {
+            "wall_us_per_iter": float((spans["end_us"] - spans["start_us"]).sum()) / iterations,
+            "op_calls_per_iter": float(events["calls"].sum()) / iterations,
+            "kernels_per_iter": (
+                kernel_count(launched) / iterations if launched is not None else None
+            ),
+            "time_by_category_us": _by_category(events, column, iterations),
+        }
+    return out
 
 
 def _top_ops(events: pd.DataFrame, column: str, iterations: int) -> list[dict[str, Any]]:

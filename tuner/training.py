@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten, tree_map
 
 from tuner.measure import leaf_mismatch
+from tuner.profiling.analysis import phase_range
 
 LOSS_RULE = "sum over floating outputs of their mean (no scalar output to use as the loss)"
 
@@ -160,11 +162,14 @@ class TrainRunner:
                 opt.zero_grad(set_to_none=True)
             else:
                 self.module.zero_grad(set_to_none=True)
-            loss, out = self.forward(*inputs)
-            loss.backward()
+            with record_function(phase_range("forward")):
+                loss, out = self.forward(*inputs)
+            with record_function(phase_range("backward")):
+                loss.backward()
             grads = {n: p.grad for n, p in self.module.named_parameters()}
             if opt is not None:
-                opt.step()
+                with record_function(phase_range("optimizer")):
+                    opt.step()
         return loss, (out, grads)
 
     def record(self, inputs: tuple, seed: int) -> StepRecord:

@@ -22,6 +22,7 @@ from service.rows import (
     size_rows,
 )
 from service.store import AbstractStore, ConfigSummary, Job, Model, NotFound, StoredConfig
+from tuner.profiling.analysis import PHASES
 
 API = "/api/v1"
 RECENT_JOBS = 20
@@ -67,6 +68,7 @@ class Breakdown:
     figures: list[FigureRow]
     categories: list[FigureRow]
     chart: dict[str, Any] | None
+    phases: list[FigureRow] = field(default_factory=list)  # a training step's phases
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,35 @@ def breakdown(profiles: Mapping[str, Mapping[str, Any]]) -> Breakdown | None:
                 names.append(name)
     categories = [_row(n, n, _category(base, n), _category(tuned, n)) for n in names]
     device = (base or tuned or {}).get("device")
-    return Breakdown(device, figures, categories, _breakdown_chart(device, categories, figures))
+    chart = _breakdown_chart(device, categories, figures)
+    return Breakdown(device, figures, categories, chart, phase_rows(base, tuned))
+
+
+PHASE_FIGURES = (
+    ("wall_us_per_iter", "time", fmt.duration_us),
+    ("op_calls_per_iter", "op events", fmt.count),
+    ("kernels_per_iter", "kernels", fmt.count),
+)
+
+
+def _phase(summary: Mapping[str, Any] | None, phase: str, key: str, show: Any) -> Figure:
+    value = ((summary or {}).get("phases") or {}).get(phase, {}).get(key)
+    if value is None:
+        return Figure(None, f"{fmt.NA} (not recorded)")
+    return Figure(float(value), show(value))
+
+
+def phase_rows(base: Mapping[str, Any] | None, tuned: Mapping[str, Any] | None) -> list[FigureRow]:
+    """A training step's forward, backward and optimizer step, original against tuned: where
+    a fusion's saving lands (a fused forward also has a fused backward)."""
+    phases = [p for p in PHASES if any(p in ((s or {}).get("phases") or {}) for s in (base, tuned))]
+    rows = []
+    for phase in phases:
+        for key, label, show in PHASE_FIGURES:
+            pair = (_phase(base, phase, key, show), _phase(tuned, phase, key, show))
+            if pair[0].value is not None or pair[1].value is not None:
+                rows.append(_row(f"{phase}.{key}", f"{phase}: {label}", *pair))
+    return rows
 
 
 def _breakdown_chart(

@@ -563,7 +563,13 @@ def test_training_configs_get_rows_of_their_own(tmp_path: Path) -> None:
         store_result(client, program, tmp_path / "i", rich_config())
         job = {"device": "cpu", "mode": "train", "optimizer": "sgd"}
         assert client.post(f"/api/v1/models/{model_id}/jobs", json=job).status_code == 202
-        store_result(client, program, tmp_path / "t", training_config(speedup=1.25))
+        phases = {
+            "forward": {"wall_us_per_iter": 40.0, "op_calls_per_iter": 12.0},
+            "backward": {"wall_us_per_iter": 90.0, "op_calls_per_iter": 30.0},
+        }
+        step = {kind: {**p, "phases": phases} for kind, p in PROFILES.items()}
+        step["tuned"]["phases"] = {**phases, "backward": {"wall_us_per_iter": 45.0}}
+        store_result(client, program, tmp_path / "t", training_config(speedup=1.25), step)
 
         rows = page(client, "/").tables["models-table"]
         modes = {r.attrs["data-mode"]: r for r in rows if "data-mode" in r.attrs}
@@ -588,4 +594,17 @@ def test_training_configs_get_rows_of_their_own(tmp_path: Path) -> None:
         assert all(client.get(h).status_code == 200 for h in downloads)
         jobs = view.tables["jobs-table"]
         assert "cpu · training (sgd)" in [c.text for r in jobs for c in r.cells]
+        rows = {r.attrs["data-phase"]: r for r in view.tables["phases-table"]}
+        assert list(rows) == [
+            "forward.wall_us_per_iter",
+            "forward.op_calls_per_iter",
+            "backward.wall_us_per_iter",
+            "backward.op_calls_per_iter",
+        ]
+        backward = rows["backward.wall_us_per_iter"]
+        assert [c.value for c in backward.cells[1:3]] == [90.0, 45.0]
+        assert backward.text(3) == "-50%"
+        assert "n/a (not recorded)" in rows["backward.op_calls_per_iter"].text(2)
+        infer = page(client, f"/models/{model_id}?mode=infer")
+        assert "phases-table" not in infer.tables
         assert "versus-compile" not in client.get(f"/models/{model_id}?mode=infer").text

@@ -213,3 +213,24 @@ def test_counts_inductor_cpp_kernels() -> None:
     # only the extern matmul is an ATen op; the fused tanh/add chain is a generated kernel
     assert summary.ops_per_iter is not None and summary.ops_per_iter <= 2
     assert summary.time_by_category_us["pointwise"] > 0
+
+
+def test_a_training_step_is_profiled_by_phase(split_summary: ProfileSummary) -> None:
+    """Issue 12: forward (with the loss), backward and the optimizer step apart, each with the
+    kinds of op it runs (layer norm forward and backward, no norm in the SGD update)."""
+    from tuner.training import eager_runner
+
+    x = torch.randn(B, N * D)
+    runner = eager_runner(SplitNormTanh(), "sgd")
+    summary = profile_callable(lambda: runner.step(x), iterations=3, warmup=1)
+    assert list(summary.phases) == ["forward", "backward", "optimizer"]
+    forward, backward, optimizer = summary.phases.values()
+    assert forward["op_calls_per_iter"] > 0 and backward["op_calls_per_iter"] > 0
+    assert forward["time_by_category_us"]["norm"] > 0
+    assert backward["time_by_category_us"]["norm"] > 0  # native_layer_norm_backward
+    assert optimizer["time_by_category_us"]["norm"] == 0
+    assert optimizer["op_calls_per_iter"] >= 1
+    walls = sum(p["wall_us_per_iter"] for p in summary.phases.values())
+    assert walls <= summary.wall_us_per_iter
+    assert all(p["kernels_per_iter"] is None for p in summary.phases.values())  # CPU: eager ops
+    assert split_summary.phases == {}  # inference has no phases

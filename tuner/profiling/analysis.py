@@ -32,7 +32,12 @@ RAW_COLUMNS: dict[str, str] = {
     "end_us": "float64",
     "nbytes": "int64",
 }
-OP_COLUMNS: dict[str, str] = {"id": "int64", "name": "object", "self_us": "float64"}
+OP_COLUMNS: dict[str, str] = {
+    "id": "int64",
+    "name": "object",
+    "self_us": "float64",
+    "start_us": "float64",
+}
 EVENT_COLUMNS: dict[str, str] = {
     "name": "string",
     "category": "string",
@@ -42,6 +47,9 @@ EVENT_COLUMNS: dict[str, str] = {
 }
 
 ITERATION = "fxtune.iteration"
+# Ranges a training step marks around its forward (with the loss), backward and optimizer step.
+PHASE = "fxtune.phase."
+PHASES = ("forward", "backward", "optimizer")
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 API_KINDS = ("cuda_runtime", "cuda_driver")
 LAUNCH = re.compile(r"^cu(?:da)?(?:LaunchKernel|LaunchCooperativeKernel|GraphLaunch|Mem\w*Async)")
@@ -58,6 +66,40 @@ def iteration_windows(raw: pd.DataFrame) -> pd.DataFrame:
     """Host time ranges of the profiled iterations (the `ITERATION` annotations)."""
     rows = raw[(raw["kind"] == "user_annotation") & (raw["name"] == ITERATION)]
     return rows[["start_us", "end_us"]].sort_values("start_us").reset_index(drop=True)
+
+
+def phase_range(phase: str) -> str:
+    """The annotation name of one phase of a step (`PHASES`)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
+    return PHASE + phase
+
+
+def phase_windows(raw: pd.DataFrame) -> pd.DataFrame:
+    """Host time ranges of the phases a step marked: `phase`, `start_us`, `end_us`."""
+    rows = raw[(raw["kind"] == "user_annotation") & raw["name"].str.startswith(PHASE)]
+    windows = rows[["name", "start_us", "end_us"]].sort_values("start_us", kind="stable")
+    phases = windows.pop("name").str.removeprefix(PHASE)
+    return windows.assign(phase=phases.to_numpy()).reset_index(drop=True)
+
+
+def phase_of(starts: pd.Series, windows: pd.DataFrame) -> pd.Series:
+    """The phase each host start time falls in (NaN outside every phase), in `starts` order.
+
+    Phases of one thread never overlap, so the last window that began before a time is the only
+    one that can hold it. Backward ops run on autograd's threads on CUDA; their times still fall
+    inside the backward range the calling thread holds open."""
+    if windows.empty or starts.empty:
+        return pd.Series(np.nan, index=starts.index, dtype="object")
+    left = pd.DataFrame({"start_us": starts.to_numpy(), "row": np.arange(len(starts))})
+    joined = pd.merge_asof(
+        left.sort_values("start_us", kind="stable"),
+        windows.rename(columns={"end_us": "window_end_us"}),
+        on="start_us",
+        direction="backward",
+    ).sort_values("row")
+    inside = joined["start_us"] <= joined["window_end_us"]
+    return pd.Series(joined["phase"].where(inside).to_numpy(), index=starts.index, dtype="object")
 
 
 def device_activity(raw: pd.DataFrame) -> pd.DataFrame:

@@ -52,9 +52,15 @@ def is_op_event(event: Any) -> bool:
 
 
 def op_frame(prof: profile) -> pd.DataFrame:
-    """One row per host op event with its self time (time not spent in child events)."""
+    """One row per host op event with its self time (time not spent in child events) and its
+    start, on the raw table's clock."""
     rows = [
-        {"id": e.id, "name": e.name, "self_us": e.self_cpu_time_total}
+        {
+            "id": e.id,
+            "name": e.name,
+            "self_us": e.self_cpu_time_total,
+            "start_us": e.time_range.start,
+        }
         for e in prof.events()
         if is_op_event(e)
     ]

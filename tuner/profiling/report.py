@@ -59,6 +59,11 @@ def figure_lines(summary: ProfileSummary) -> list[str]:
         f"{label}: {_figure(summary, name, getattr(summary, name), unit)}"
         for label, name, unit in rows
     ]
+    for phase, figures in summary.phases.items():
+        lines.append(
+            f"{phase}: {figures['wall_us_per_iter']:,.1f} us/iter, "
+            f"{figures['op_calls_per_iter']:,.0f} op events/iter"
+        )
     if summary.trace_path is not None:
         lines.append(f"trace: {summary.trace_path}")
     return lines

@@ -19,6 +19,9 @@ from tuner.profiling.analysis import (
     kernel_count,
     launch_time_us,
     peak_allocated_bytes,
+    phase_of,
+    phase_range,
+    phase_windows,
     reduce_events,
     typed,
 )
@@ -69,7 +72,11 @@ def gpu_trace() -> pd.DataFrame:
 
 
 def gpu_ops() -> pd.DataFrame:
-    rows = [(2, "aten::addmm", 12.0), (3, "aten::tanh", 8.0), (4, "aten::copy_", 3.0)]
+    rows = [
+        (2, "aten::addmm", 12.0, 11.0),
+        (3, "aten::tanh", 8.0, 31.0),
+        (4, "aten::copy_", 3.0, 56.0),
+    ]
     return typed([dict(zip(OP_COLUMNS, r, strict=True)) for r in rows], OP_COLUMNS)
 
 
@@ -165,3 +172,28 @@ def test_peak_allocated_bytes_is_highest_running_total() -> None:
 def test_iteration_windows_take_host_annotations_only() -> None:
     windows = iteration_windows(gpu_trace())
     assert windows.to_dict("records") == [{"start_us": 0.0, "end_us": 100.0}]
+
+
+def test_ops_fall_in_the_phase_whose_range_they_started_in() -> None:
+    """Forward [0, 40), backward [40, 90), optimizer [90, 99); an op before, between or after
+    the ranges has no phase, and a device annotation of the same name is not a range."""
+    raw = typed(
+        [
+            event(phase_range("forward"), "user_annotation", 0, 40),
+            event(phase_range("backward"), "user_annotation", 40, 90),
+            event(phase_range("optimizer"), "user_annotation", 95, 99),
+            event(phase_range("backward"), "gpu_user_annotation", 0, 200),
+            event(ITERATION, "user_annotation", 0, 100),
+        ],
+        RAW_COLUMNS,
+    )
+    windows = phase_windows(raw)
+    assert windows["phase"].tolist() == ["forward", "backward", "optimizer"]
+    starts = pd.Series([41.0, 5.0, 92.0, 96.0, 40.0, 150.0], index=[10, 11, 12, 13, 14, 15])
+    got = phase_of(starts, windows)
+    assert got.index.tolist() == starts.index.tolist()
+    expected = ["backward", "forward", None, "optimizer", "backward", None]
+    assert [None if pd.isna(p) else p for p in got] == expected
+    assert phase_of(starts, windows.iloc[:0]).isna().all()
+    with pytest.raises(ValueError, match="unknown phase"):
+        phase_range("loss")
