@@ -1,4 +1,5 @@
-"""Backends a tuned module can run under, by name: eager FX, inductor, XLA where installed."""
+"""Backends a tuned module can run under, by name: eager FX, inductor, XLA where installed,
+and on CUDA the same captured in CUDA graphs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 from torch.export import ExportedProgram
 
 from tuner.device import Device
@@ -69,6 +70,22 @@ def _compile(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float 
     return Built(torch.compile(gm))
 
 
+def _compile_cudagraphs(
+    gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None
+) -> Built:
+    """torch.compile's "reduce-overhead" mode: inductor's kernels replayed from CUDA graphs
+    (as `_compile`, it compiles on its first call, in this process)."""
+    return Built(torch.compile(gm, mode="reduce-overhead"))
+
+
+def _cudagraph(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
+    """The module as it is (the original, or rewritten by the passes) replayed from a CUDA
+    graph per input signature (`tuner.cuda_graphs`); captured on its first call."""
+    from tuner.cuda_graphs import GraphedModule
+
+    return Built(GraphedModule(gm))
+
+
 def _xla(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
     return Built(torch.compile(gm, backend="openxla"))
 
@@ -85,23 +102,55 @@ BACKENDS: dict[str, Callable[[fx.GraphModule, tuple, Path, float | None], Built]
     "eager": _eager,
     "inductor": _inductor,
     "compile": _compile,
+    "cudagraph": _cudagraph,
+    "compile-cudagraphs": _compile_cudagraphs,
     "xla": _xla,
+}
+
+# Backends per device kind. CUDA graphs exist only on CUDA; XLA only where torch_xla imports.
+ON_DEVICE: dict[str, tuple[str, ...]] = {
+    "cpu": ("eager", "inductor", "compile"),
+    "cuda": ("eager", "inductor", "compile", "cudagraph", "compile-cudagraphs"),
+    "xla": ("xla",),
 }
 
 # What a user would pick instead of fxtune: the original under each of these, timed as shipped.
 # They are always whole-model candidates (where the device has them), so the chosen result is
-# compared with them in the same run rather than assumed to beat them.
-PEERS: tuple[str, ...] = ("inductor", "compile")
+# compared with them in the same run rather than assumed to beat them. On CUDA that includes a
+# plain CUDA graph of the original and torch.compile's "reduce-overhead" (issue 11's peers).
+PEERS: tuple[str, ...] = ("inductor", "compile", "cudagraph", "compile-cudagraphs")
 
 # Backends whose runner is compiled (minutes on a big model): their compile time is estimated
 # and a compile that does not fit in the budget is skipped (tuner.compile_time).
-COMPILING: tuple[str, ...] = ("inductor", "compile")
+COMPILING: tuple[str, ...] = ("inductor", "compile", "compile-cudagraphs")
 
 
 def available_backends(device: Device) -> list[str]:
-    if device.kind == "xla":
-        return ["xla"] if xla_available() else []
-    return ["eager", "inductor", "compile"]
+    if device.kind == "xla" and not xla_available():
+        return []
+    return list(ON_DEVICE.get(device.kind, ()))
+
+
+# How a deployment holding the tuned module (`load_tuned`) runs it under the chosen backend:
+# inductor's package is a separate artifact, so there the module is compiled by torch.compile.
+DEPLOYED: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "inductor": lambda m: torch.compile(m),
+    "compile": lambda m: torch.compile(m),
+    "compile-cudagraphs": lambda m: torch.compile(m, mode="reduce-overhead"),
+    "cudagraph": lambda m: _graphed(m),
+}
+
+
+def _graphed(module: nn.Module) -> nn.Module:
+    from tuner.cuda_graphs import GraphedModule
+
+    return GraphedModule(module)
+
+
+def deployed(backend: str, module: nn.Module) -> nn.Module:
+    """`module` wrapped as the backend runs it; eager (and unknown names) leave it as it is."""
+    wrap = DEPLOYED.get(backend)
+    return wrap(module) if wrap is not None else module
 
 
 def build(

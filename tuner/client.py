@@ -26,6 +26,7 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from tuner.apply import Transformed
+from tuner.backends import DEPLOYED, deployed
 from tuner.config import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
@@ -289,15 +290,18 @@ def _check_replayed(passes: list[PassStep], tuned: Transformed) -> None:
         raise LookupError(f"the config's sites {names} are not in this model")
 
 
-def _compiled(module: nn.Module, inputs: tuple[Any, ...], device: Device) -> nn.Module:
-    """torch.compile is lazy: compile now, on sample inputs (of the size bucket, where there
-    are buckets), so a failure shows here (where it can fall back) and not at the
-    deployment's first request."""
-    compiled = torch.compile(module)
+def _compiled(
+    module: nn.Module, backend: str, inputs: tuple[Any, ...], device: Device
+) -> nn.Module:
+    """The module as its backend runs it (`tuner.backends.deployed`: torch.compile, CUDA
+    graphs). Both are lazy: built now, on sample inputs (of the size bucket, where there are
+    buckets), so a failure shows here (where it can fall back) and not at the deployment's
+    first request."""
+    wrapped = deployed(backend, module)
     inputs = tuple(x.to(device.torch_device) if isinstance(x, torch.Tensor) else x for x in inputs)
     with torch.no_grad():
-        compiled(*inputs)
-    return compiled
+        wrapped(*inputs)
+    return wrapped
 
 
 def _trainable(tuned: Transformed, device: Device) -> nn.Module:
@@ -342,8 +346,10 @@ def _tuned(
     else:
         tuned = apply_config(program, config)
         spec, module = _replayed(program, config.passes, tuned, device)
-        if compile and config.backend in ("inductor", "compile"):
-            module = _maybe_compiled(module, _example_inputs(program), device, notes)
+        if compile:
+            module = _maybe_compiled(
+                module, config.backend, _example_inputs(program), device, notes
+            )
     return CheckedInputs(module, spec, lambda: _untuned(program, program, device)), notes
 
 
@@ -366,14 +372,15 @@ def _replayed(
 
 
 def _maybe_compiled(
-    module: nn.Module, inputs: tuple[Any, ...], device: Device, notes: list[str]
+    module: nn.Module, backend: str, inputs: tuple[Any, ...], device: Device, notes: list[str]
 ) -> nn.Module:
+    if backend not in DEPLOYED:
+        return module
     try:
-        return _compiled(module, inputs, device)
+        return _compiled(module, backend, inputs, device)
     except Exception as exc:
         notes.append(
-            f"torch.compile failed ({type(exc).__name__}: {exc}); "
-            "running the tuned passes without inductor"
+            f"{backend} failed ({type(exc).__name__}: {exc}); running the tuned passes without it"
         )
         return module
 
@@ -394,10 +401,10 @@ def _dispatching(
         raise LookupError(covered)
     if compile:
         for k, bucket in enumerate(buckets):
-            if bucket.backend in ("inductor", "compile"):
+            if bucket.backend in DEPLOYED:
                 at = {bucket.dim: bucket.measured[0] if bucket.measured else bucket.min}
                 inputs = resized_inputs(spec, _example_inputs(program), at)
-                modules[k] = _maybe_compiled(modules[k], inputs, device, notes)
+                modules[k] = _maybe_compiled(modules[k], bucket.backend, inputs, device, notes)
     return spec, SizeDispatch(spec, buckets, modules)
 
 
@@ -434,8 +441,10 @@ def load_tuned(
 
     `device` picks the config (by device kind) and where the tuned module's weights go.
     `timeout` bounds the whole HTTP exchange. `token` defaults to FXTUNE_API_TOKEN.
-    With `compile=True`, a config whose chosen backend is inductor or compile is wrapped in
-    torch.compile and compiled here once (the service's AOTInductor package avoids even that).
+    With `compile=True`, the module is run as its config's backend runs it and built here once:
+    torch.compile for inductor and compile (the service's AOTInductor package avoids even
+    that), "reduce-overhead" for compile-cudagraphs, and `tuner.cuda_graphs.GraphedModule` for
+    cudagraph (one graph per input signature; other signatures run ungraphed).
     A tuned module whose inputs were packed (combine_sparse_inputs) still takes the original
     inputs (`PackedInputs`). A .pt2 path is loaded with fxtune's restricted loader; a file it
     refuses raises (there is no model to fall back to).

@@ -1,0 +1,106 @@
+"""GraphedModule: which calls replay which graph, on CPU with a stand-in for the capture; and the
+real capture where there is a GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tuner import backends
+from tuner.cuda_graphs import GraphedModule
+from tuner.device import Device
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+class Recorded:
+    """What a CUDA graph does, on the CPU: replay recomputes from the static input buffers into
+    the output buffers made at capture, and nothing else (the module is not called again with
+    the caller's tensors)."""
+
+    def __init__(self, module: nn.Module, static: tuple[Any, ...]) -> None:
+        self.module, self.static = module, static
+        self.outputs = module(*static)
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.outputs.copy_(self.module(*self.static))
+
+
+def stand_in(module: nn.Module, static: tuple[Any, ...], warmup: int) -> tuple[Recorded, Any]:
+    graph = Recorded(module, static)
+    return graph, graph.outputs
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return torch.relu(self.fc(x)) * scale
+
+
+@pytest.fixture
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return Scaled().eval()
+
+
+def test_a_replay_answers_for_the_callers_inputs_and_hands_out_copies(model: nn.Module) -> None:
+    graphed = GraphedModule(model, capture=stand_in)
+    with torch.no_grad():
+        first_x, second_x = torch.randn(2, 4), torch.randn(2, 4)
+        first = graphed(first_x)
+        second = graphed(second_x)
+        torch.testing.assert_close(first, model(first_x))  # not overwritten by the next call
+        torch.testing.assert_close(second, model(second_x))
+        second.zero_()
+        torch.testing.assert_close(graphed(second_x), model(second_x))
+    assert graphed.graph_count == 1
+
+
+def test_each_signature_gets_its_own_graph_and_past_the_bound_none(model: nn.Module) -> None:
+    graphed = GraphedModule(model, capture=stand_in, max_graphs=3)
+    x = torch.randn(2, 4)
+    calls = [
+        (x,),  # graph 1
+        (torch.randn(5, 4),),  # another batch: graph 2
+        (x, 2.0),  # another non-tensor argument: graph 3
+        (torch.randn(4, 2).t(),),  # (2, 4) with other strides: past the bound, ungraphed
+        (torch.randn(2, 4, dtype=torch.float64),),  # another dtype: ungraphed (and an error)
+    ]
+    with torch.no_grad():
+        for args in calls[:4]:
+            torch.testing.assert_close(graphed(*args), model(*args))
+        with pytest.raises(RuntimeError):  # the module's own error, as without a graph
+            graphed(*calls[4])
+    assert graphed.graph_count == 3 and graphed.ungraphed_calls == 2
+
+
+def test_the_cuda_backends_exist_only_on_cuda() -> None:
+    assert "cudagraph" not in backends.available_backends(Device.parse("cpu"))
+    on_gpu = backends.available_backends(Device.parse("cuda"))
+    assert {"cudagraph", "compile-cudagraphs"} <= set(on_gpu)
+    assert {"cudagraph", "compile-cudagraphs"} <= set(backends.PEERS)
+    assert isinstance(backends.deployed("cudagraph", nn.Identity()), GraphedModule)
+    plain = nn.Identity()
+    assert backends.deployed("eager", plain) is plain
+
+
+@needs_cuda
+def test_a_real_cuda_graph_replays_the_module() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)]).cuda().eval()
+    graphed = GraphedModule(model)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(16, 64, device="cuda")
+            torch.testing.assert_close(graphed(x), model(x))
+        other = torch.randn(7, 64, device="cuda")
+        torch.testing.assert_close(graphed(other), model(other))
+    assert graphed.graph_count == 2
