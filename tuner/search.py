@@ -26,7 +26,7 @@ from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import apply_steps, cleanup
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, refresh_meta
-from tuner.config import PassStep, Refusal, SiteDecision, timing_fields
+from tuner.config import Mode, PassStep, Refusal, SiteDecision, timing_fields
 from tuner.device import CPU, Device
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
@@ -80,8 +80,8 @@ FORWARD = SiteRun("forward", _forward_check, lambda m, a: lambda: m(*a))
 FORWARD_BACKWARD = SiteRun(
     "forward+backward", _training_check, site_step, grad=True, cache_tag="+backward"
 )
-# By tuning mode (`tuner.config.Mode`).
-SITE_RUNS: dict[str, SiteRun] = {"infer": FORWARD, "train": FORWARD_BACKWARD}
+# By tuning mode.
+SITE_RUNS: dict[Mode, SiteRun] = {"infer": FORWARD, "train": FORWARD_BACKWARD}
 
 
 @dataclass
