@@ -2,9 +2,10 @@
 
 For each example exported in train mode (`examples.training`), a `--mode train` tuning run
 with eager and torch.compile candidates; prints and writes (`bench/out/train-<optimizer>.json`)
-every candidate's per-step speed ratio over the original's eager step and the shipped step's
-ratio over torch.compile of the original's step, each with its 95% interval, all from
-interleaved timing in one run. On a shared machine use `--threads 1`: two threads on two busy
+every per-site decision (the site's forward + backward, rewritten over untouched), every
+candidate's per-step speed ratio over the original's eager step and the shipped step's ratio
+over torch.compile of the original's step, each with its 95% interval, all from interleaved
+timing in one run. On a shared machine use `--threads 1`: two threads on two busy
 cores stall each small kernel for a scheduler slice, and the step times then say more about
 the load than about the step.
 """
@@ -46,6 +47,22 @@ def run(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(time.monotonic() - started, 1),
         "chosen": config.whole_model.name,
         "verified": config.verification.passed,
+        "sites": [
+            {
+                "pass": d.pass_name,
+                "site": d.site_id,
+                "summary": d.summary,
+                "count": d.count,
+                "verdict": d.verdict,
+                "accepted": d.accepted,
+                "speedup": d.speedup,
+                "ci": d.ci,
+                "original_ms": d.baseline_s and d.baseline_s * 1e3,
+                "rewritten_ms": d.candidate_s and d.candidate_s * 1e3,
+                "reason": d.reason,
+            }
+            for d in config.sites
+        ],
         "candidates": [
             {
                 "name": f.name,
@@ -76,6 +93,13 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"train-{args.optimizer or 'none'}.json"
     path.write_text(json.dumps(rows, indent=2, default=str))
+    sites = Table("model", "site (forward + backward)", "x original", "95% interval", "verdict")
+    for row in rows:
+        for d in row["sites"]:
+            speed = f"{d['speedup']:.2f}x" if d["speedup"] else "-"
+            name = f"{d['pass']} {d['summary']}" + (f" (x{d['count']})" if d["count"] > 1 else "")
+            sites.add_row(row["model"], name, speed, format_interval(d["ci"]), d["verdict"])
+    Console().print(sites)
     table = Table("model", "candidate", "x eager step", "95% interval", "verdict")
     for row in rows:
         for c in row["candidates"]:

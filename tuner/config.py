@@ -169,6 +169,8 @@ class TunedConfig(BaseModel):
     backend: str
     passes: list[PassStep]
     changes_inputs: bool = False
+    # Per-site decisions; in a "train" config each site's times are its forward + backward
+    # (`tuner.search.FORWARD_BACKWARD`), so `mode` says what was timed and no field is added.
     sites: list[SiteDecision]
     candidates: list[Figures]
     whole_model: Figures

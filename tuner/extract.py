@@ -20,6 +20,7 @@ from torch import fx
 from torch.utils._pytree import tree_map
 
 from tuner.capture import refresh_meta
+from tuner.graph import TRAIN_KEY, is_training
 from tuner.passes.base import GraphPass
 from tuner.sites import Site
 
@@ -28,13 +29,16 @@ def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
     """A copy with the same strides, so the site is timed on the layout it really gets.
 
     A split piece is a strided view; clone() would make it contiguous (and faster to read).
+    Whether it carried a gradient is kept: a training site's run differentiates to it.
     """
+    carries = t.requires_grad
     t = t.detach()
     try:
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-        return out.copy_(t)
+        out.copy_(t)
     except RuntimeError:
-        return t.clone()  # overlapping strides (expand) cannot be written to
+        out = t.clone()  # overlapping strides (expand) cannot be written to
+    return out.requires_grad_(carries)
 
 
 def _detached_copy(value: Any) -> Any:
@@ -55,17 +59,21 @@ class _Recorder(fx.Interpreter):
         return result
 
 
-def record_values(gm: fx.GraphModule, inputs: tuple, names: Collection[str]) -> dict[str, Any]:
+def record_values(
+    gm: fx.GraphModule, inputs: tuple, names: Collection[str], *, grad: bool = False
+) -> dict[str, Any]:
     """Run gm once on inputs (torch.fx.Interpreter) and keep the values of the named nodes.
 
-    One run serves every site: ask for the union of their `external_inputs`.
+    One run serves every site: ask for the union of their `external_inputs`. With `grad`
+    (a training step) autograd is on, and a kept value requires grad where it carried one in
+    the step: a site's backward reaches exactly those of its inputs, as in the step.
     """
     known = {n.name for n in gm.graph.nodes}
     missing = set(names) - known
     if missing:
         raise KeyError(f"no nodes named {sorted(missing)} in the graph")
     recorder = _Recorder(gm, names)
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.set_grad_enabled(grad):
         recorder.run(*inputs)
     return recorder.values
 
@@ -192,6 +200,8 @@ def extract_site(
         if n.op in ("get_attr", "call_module")
     }
     site_gm = fx.GraphModule(attrs, graph, class_name="SiteModule")
+    # A site of a training step is rewritten as one: its parameters stay the trainable leaves.
+    site_gm.meta[TRAIN_KEY] = is_training(gm)
     inputs = tuple(_detached_copy(values[n.name]) for n in inputs_needed)
     refresh_meta(site_gm, inputs)
     return SiteModule(site_gm, inputs, [n.name for n in inputs_needed], [n.name for n in outputs])

@@ -4,6 +4,12 @@ For each pass in chaining order, its sites are found in the graph as the earlier
 left it; identical sites (same structural id) are measured once; each site is extracted as a
 standalone module and its rewrite timed against the untouched copy (`tuner.measure`). Only
 rewrites whose speedup interval clears 1 + epsilon are applied, then the next pass looks.
+
+What one run of a site is comes from `SearchSettings.run` (`SITE_RUNS`, by tuning mode): its
+forward for inference; for a training step, its forward and backward (`tuner.training.
+site_step`), since a rewrite that speeds up the forward can slow down the backward, and a
+rewrite must then keep the site's gradients as well as its outputs. Everything else (chaining,
+identical sites, the cache, the never-worse verdict) is the same search.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from tuner.across_sizes import combined_verdict, size_figures
 from tuner.apply import apply_steps, cleanup
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, refresh_meta
-from tuner.config import PassStep, Refusal, SiteDecision, timing_fields
+from tuner.config import Mode, PassStep, Refusal, SiteDecision, timing_fields
 from tuner.device import CPU, Device
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
@@ -28,8 +34,54 @@ from tuner.passes import get_pass, pass_names
 from tuner.passes.base import GraphPass
 from tuner.sites import Site
 from tuner.sizes import SizePoint
+from tuner.training import check_site_step, site_step, wants_grad
 
 Progress = Callable[[float, str], None]
+
+
+@dataclass
+class _Pair:
+    """Untouched and rewritten code for one site; `pack` turns the untouched inputs into the
+    rewritten module's (the identity, except for passes that change the inputs)."""
+
+    reference: fx.GraphModule
+    candidate: fx.GraphModule
+    inputs: Inputs
+    pack: Callable[[Inputs], Inputs] = lambda a: a
+
+
+@dataclass(frozen=True)
+class SiteRun:
+    """What one run of a site is: how a rewrite is checked against the untouched site (on
+    several input sets, before any timing) and the call that is timed for a module on inputs.
+
+    `grad` records the site's inputs with autograd on, so that they say which of them carry a
+    gradient in the step. `cache_tag` keeps its decisions apart from other runs' in the cache.
+    """
+
+    name: str
+    check: Callable[[_Pair, list[Inputs]], str | None]
+    call: Callable[[fx.GraphModule, Inputs], Callable[[], Any]]
+    grad: bool = False
+    cache_tag: str = ""
+
+
+def _forward_check(pair: _Pair, trials: list[Inputs]) -> str | None:
+    return check_outputs(pair.reference, lambda *a: pair.candidate(*pair.pack(a)), trials)
+
+
+def _training_check(pair: _Pair, trials: list[Inputs]) -> str | None:
+    return check_site_step(
+        pair.reference, pair.candidate, trials, wants_grad(pair.inputs), pair.pack
+    )
+
+
+FORWARD = SiteRun("forward", _forward_check, lambda m, a: lambda: m(*a))
+FORWARD_BACKWARD = SiteRun(
+    "forward+backward", _training_check, site_step, grad=True, cache_tag="+backward"
+)
+# By tuning mode.
+SITE_RUNS: dict[Mode, SiteRun] = {"infer": FORWARD, "train": FORWARD_BACKWARD}
 
 
 @dataclass
@@ -45,6 +97,7 @@ class SearchSettings:
     points: list[SizePoint] = field(default_factory=list)
     # Seconds per call of the whole model (example size): no site inside it can take longer.
     model_time_s: float | None = None
+    run: SiteRun = FORWARD
 
 
 # A site's baseline (times its identical copies) may exceed the model's own time by this much
@@ -62,16 +115,6 @@ class SearchResult:
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     timed: int = 0
     refusals: list[Refusal] = field(default_factory=list)
-
-
-@dataclass
-class _Pair:
-    """Untouched and rewritten code for one site, both callable with the untouched inputs."""
-
-    reference: Callable[..., Any]
-    candidate: Callable[..., Any]
-    inputs: Inputs
-    timed_candidate: Callable[[], Any]
 
 
 def _decision(site: Site, count: int, v: str, c: Comparison | None = None, **kw: Any) -> dict:
@@ -97,14 +140,15 @@ class SiteSearch:
     def _judge(
         self, site: Site, count: int, pair: _Pair, result: SearchResult, label: str = ""
     ) -> dict:
-        """Outputs first (a wrong rewrite is never timed), then interleaved timing."""
+        """The check first (a wrong rewrite is never timed), then interleaved timing."""
+        run = self.settings.run
         trials = [pair.inputs, *fresh_inputs(pair.inputs, 2)]
-        wrong = check_outputs(pair.reference, pair.candidate, trials)
+        wrong = run.check(pair, trials)
         if wrong is not None:
             return _decision(site, count, "wrong outputs", reason=wrong)
         c = compare(
-            lambda: pair.reference(*pair.inputs),
-            pair.timed_candidate,
+            run.call(pair.reference, pair.inputs),
+            run.call(pair.candidate, pair.pack(pair.inputs)),
             device=self.settings.device,
             budget_s=self.settings.site_budget_s,
         )
@@ -127,7 +171,7 @@ class SiteSearch:
         graph_pass.rewrite(cand, same)
         cleanup(cand)
         refresh_meta(cand, piece.inputs)
-        return _Pair(piece.gm, cand, piece.inputs, lambda: cand(*piece.inputs))
+        return _Pair(piece.gm, cand, piece.inputs)
 
     @staticmethod
     def _whole_pair(gm: fx.GraphModule, inputs: Inputs, site: Site) -> _Pair:
@@ -136,7 +180,7 @@ class SiteSearch:
         The packing of inputs happens in the caller's input pipeline, so it is not timed.
         """
         cand = apply_steps(copy.deepcopy(gm), inputs, [(site.pass_name, {site.id})])
-        return _Pair(gm, lambda *a: cand.gm(*cand.pack(a)), inputs, lambda: cand.gm(*cand.inputs))
+        return _Pair(gm, cand.gm, inputs, cand.pack)
 
     def _decide(
         self,
@@ -152,7 +196,8 @@ class SiteSearch:
         s = self.settings
         # Decisions across several sizes are cached under those sizes too.
         at = "@" + ";".join(p.label for p in s.points) if s.points else ""
-        key = DecisionCache.key(s.hardware_key, s.backend, graph_pass.version(), site.id + at)
+        backend = s.backend + s.run.cache_tag
+        key = DecisionCache.key(s.hardware_key, backend, graph_pass.version(), site.id + at)
         cached = self.cache.get(key)
         if cached is not None:
             return {**cached, "count": count, "summary": site.summary, "cached": True}
@@ -275,9 +320,10 @@ class SiteSearch:
             late = time.monotonic() > self.settings.deadline
             needs_values = not graph_pass.changes_inputs and not late
             wanted = {name for s in sites for name in external_inputs(gm, s.nodes)}
-            values = record_values(gm, result.inputs, wanted) if needs_values else {}
+            grad = self.settings.run.grad
+            values = record_values(gm, result.inputs, wanted, grad=grad) if needs_values else {}
             extra = [
-                (point, at, record_values(gm, at, wanted) if needs_values else {})
+                (point, at, record_values(gm, at, wanted, grad=grad) if needs_values else {})
                 for point, at in zip(self.settings.points[1:], point_inputs, strict=True)
             ]
             accepted: set[str] = set()

@@ -241,12 +241,16 @@ def _doubled(inputs: tuple) -> tuple:
     )
 
 
-def _float64_runner(module: nn.Module, optimizer: str | None) -> TrainRunner | None:
+def _float64_copy(module: nn.Module) -> nn.Module | None:
     try:
-        twin = copy.deepcopy(module).double()
+        return copy.deepcopy(module).double()
     except Exception:
         return None
-    return TrainRunner(twin, optimizer)
+
+
+def _float64_runner(module: nn.Module, optimizer: str | None) -> TrainRunner | None:
+    twin = _float64_copy(module)
+    return None if twin is None else TrainRunner(twin, optimizer)
 
 
 def _compare(what: str, ref: Any, again: Any, truth: Any, got: Any) -> str | None:
@@ -408,3 +412,148 @@ def check_training(
 ) -> str | None:
     """`ReferenceSteps.check` for one candidate."""
     return ReferenceSteps(reference, optimizer, inputs_list, seed).check(candidate, pack)
+
+
+# ---------------------------------------------------------------- a site's forward + backward
+#
+# A site of a training step (`tuner.extract`) gets gradients on its outputs from the rest of the
+# step and sends gradients back to its inputs and parameters. Its run is therefore forward, then
+# backward of sum_i <output_i, g_i> with fixed random g_i (given to autograd as grad_outputs:
+# what the later layers would send back, dense as theirs are, and no loss op to time), to each
+# input that carries a gradient in the step and to each parameter. The optimizer step is not
+# part of it: training-safe passes keep the original parameters, so it costs the same.
+
+Pack = Callable[[tuple], tuple]
+
+
+def wants_grad(inputs: tuple) -> list[bool]:
+    """Which inputs carry a gradient (recorded so: `tuner.extract.record_values(grad=True)`)."""
+    return [isinstance(v, torch.Tensor) and v.requires_grad for v in inputs]
+
+
+def _leaves(inputs: tuple, wanted: list[bool]) -> tuple:
+    return tuple(
+        v.detach().requires_grad_(w) if isinstance(v, torch.Tensor) else v
+        for v, w in zip(inputs, wanted, strict=True)
+    )
+
+
+def _carried(outputs: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _upstream(carried: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
+    """Drawn in float64 then cast, so a float64 twin gets the same values, only unrounded."""
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype).to(t.device)
+        for t in carried
+    ]
+
+
+def _backward(
+    carried: list[torch.Tensor], upstream: list[torch.Tensor], wrt: list[torch.Tensor]
+) -> list[torch.Tensor | None]:
+    if not carried or not wrt:
+        return [None] * len(wrt)
+    return list(torch.autograd.grad(carried, wrt, upstream, allow_unused=True))
+
+
+def _input_names(module: nn.Module, count: int) -> list[str]:
+    graph = getattr(module, "graph", None)
+    names = [n.name for n in graph.nodes if n.op == "placeholder"] if graph is not None else []
+    return names if len(names) == count else [str(i) for i in range(count)]
+
+
+def _site_record(
+    module: nn.Module, inputs: tuple, wanted: list[bool], names: list[str], pack: Pack, seed: int
+) -> StepRecord:
+    """One forward + backward of a site on `inputs` (the reference's signature), random ops
+    and the upstream gradients seeded; gradients are keyed "input NAME" and by parameter."""
+    leaves = _leaves(inputs, wanted)
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    grad_inputs = [(f"input {n}", v) for n, v, w in zip(names, leaves, wanted, strict=True) if w]
+    wrt = [*grad_inputs, *params]
+    devices = _cuda_devices([*leaves, *(p for _, p in params)])
+    with _grad_on(), torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        out = module(*pack(leaves))
+        carried = _carried(out)
+        upstream = _upstream(carried, seed)
+        grads = _backward(carried, upstream, [t for _, t in wrt])
+    loss = torch.zeros((), dtype=carried[0].dtype if carried else torch.float32)
+    for t, g in zip(carried, upstream, strict=True):
+        loss = loss + (t.detach() * g).sum()
+    detach = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return StepRecord(
+        outputs=[detach(v) for v in tree_flatten(out)[0]],
+        loss=loss,
+        grads={
+            name: None if g is None else g.detach().clone()
+            for (name, _), g in zip(wrt, grads, strict=True)
+        },
+        params={},
+        buffers={},
+    )
+
+
+def _cuda_devices(tensors: list[Any]) -> list[torch.device]:
+    found = {t.device for t in tensors if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
+    return sorted(found, key=str)
+
+
+def check_site_step(
+    reference: nn.Module,
+    candidate: nn.Module,
+    trials: list[tuple],
+    wanted: list[bool],
+    pack: Pack = lambda a: a,
+    seed: int = 0,
+) -> str | None:
+    """None when `candidate` (called on `pack`ed inputs) gives the site's outputs and every
+    gradient (to each input in `wanted`, to each of the reference's parameters) as the
+    reference does on every input set; else the first difference. The tolerances are the
+    training step's (`step_mismatch`): the reference run twice and, where it runs and agrees,
+    in float64. A forward-identical rewrite that changes a gradient fails here, before timing.
+    """
+    names = _input_names(reference, len(wanted))
+    twin = _float64_copy(reference)
+    for i, inputs in enumerate(trials):
+        first = _site_record(reference, inputs, wanted, names, lambda a: a, seed + i)
+        again = _site_record(reference, inputs, wanted, names, lambda a: a, seed + i)
+        truth = None
+        if twin is not None:
+            try:
+                truth = _site_record(twin, _doubled(inputs), wanted, names, lambda a: a, seed + i)
+            except Exception:
+                twin = None
+            if truth is not None and not _twin_agrees(first, truth):
+                truth = None
+        try:
+            got = _site_record(candidate, inputs, wanted, names, pack, seed + i)
+        except Exception as exc:
+            return f"input set {i}: the candidate raised {type(exc).__name__}: {exc}"
+        reason = step_mismatch(first, again, truth, got)
+        if reason is not None:
+            return f"input set {i}, {reason}"
+    return None
+
+
+def site_step(module: nn.Module, inputs: tuple, seed: int = 0) -> Callable[[], Any]:
+    """The timed call: one forward + backward of `module` on `inputs`, backward to each input
+    that carries a gradient (`wants_grad`) and to every parameter. The upstream gradients are
+    drawn once, here, so a timed call spends nothing on them."""
+    wanted = wants_grad(inputs)
+    params = [p for p in module.parameters() if p.requires_grad]
+    with _grad_on():
+        upstream = _upstream(_carried(module(*_leaves(inputs, wanted))), seed)
+
+    def step() -> Any:
+        with _grad_on():
+            leaves = _leaves(inputs, wanted)
+            out = module(*leaves)
+            grad_inputs = [v for v, w in zip(leaves, wanted, strict=True) if w]
+            _backward(_carried(out), upstream, [*grad_inputs, *params])
+        return out
+
+    return step

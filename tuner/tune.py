@@ -64,7 +64,7 @@ from tuner.measure import (
     verdict,
 )
 from tuner.passes import pass_names
-from tuner.search import Progress, SearchResult, SearchSettings, SiteSearch
+from tuner.search import SITE_RUNS, Progress, SearchResult, SearchSettings, SiteSearch
 from tuner.shapes import spec_of
 from tuner.sites import Site
 from tuner.sizes import SizePoint, size_points
@@ -497,6 +497,7 @@ class Tuner:
             passes=self._passes(),
             points=self.points if len(self.points) > 1 else [],
             model_time_s=self.model_time_s,
+            run=SITE_RUNS[self.options.mode],
         )
         search = SiteSearch(settings, self.cache).run(
             copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.05 + 0.45 * f, m)

@@ -13,8 +13,14 @@ Differences from inference, each for a reason:
   original's state_dict and an optimizer over its parameters trains it.
 - Backends: eager and torch.compile (AOTAutograd + inductor) of forward + loss. AOTInductor
   packages are inference-only (no backward), so "inductor" is never a training candidate.
-- No per-site search: a site's forward timing says little about its backward, so candidates
-  are whole-model: every training-safe pass, and each pass that fires on its own.
+- Per-site search times each site's forward and backward (`tuner.search.FORWARD_BACKWARD`):
+  a site's forward time says little about its backward. The extracted site is differentiated
+  to its parameters and to the inputs that carry a gradient in the step, and a rewrite must
+  keep every one of those gradients (checked before timing, else "wrong outputs"). The sites
+  faster beyond noise make one more whole-model candidate ("winning sites") beside every
+  training-safe pass and each pass that fires on its own; as in inference, the whole step's
+  check and timing decide what ships, so a site that wins alone but not in the step is not
+  kept.
 - Tuned at the example's size only (the sizes of a dynamic program are not swept).
 """
 
@@ -38,6 +44,7 @@ from tuner.config import (
     TunedConfig,
     Verification,
     replay_steps,
+    steps_of,
     timing_fields,
 )
 from tuner.errors import InputError
@@ -136,18 +143,22 @@ class TrainTuner(Tuner):
             self._baseline = eager_runner(gm0, self.optimizer, self.device.torch_device)
         return self._baseline
 
+    def _model_time_s(self, captured: _Captured) -> float | None:
+        """The original's seconds per training step (CPU): it bounds the checks, and a site's
+        forward + backward cannot take longer (`tuner.search.CONSISTENCY_SLACK`)."""
+        if self.device.kind != "cpu":
+            return None
+        runner = self._baseline_runner(captured.gm)
+        with fixed_threads(self.options.threads):
+            return quick_per_call_s(lambda: runner.step(*captured.inputs))
+
     def _search(self, captured: _Captured, started: float, say: Progress) -> SearchResult:
-        """No per-site search in training; the original's step time bounds the checks."""
-        say(0.05, "timing the original training step")
-        if self.device.kind == "cpu":
-            runner = self._baseline_runner(captured.gm)
-            with fixed_threads(self.options.threads):
-                self.model_time_s = quick_per_call_s(lambda: runner.step(*captured.inputs))
+        say(0.05, "searching sites (forward + backward)")
         self.notes.append(
-            "no per-site search in training: whole-model candidates (every training-safe "
-            "pass, and each pass that fires alone), each timed per training step"
+            "per-site decisions time each site's forward + backward on its own (eager; the "
+            "optimizer step is not in it: passes keep the parameters, so it costs the same)"
         )
-        return SearchResult(captured.gm, captured.inputs)
+        return super()._search(captured, started, say)
 
     def _candidates(
         self, gm0: fx.GraphModule, inputs: Inputs, greedy: list[PassStep], every: list[str]
@@ -164,13 +175,19 @@ class TrainTuner(Tuner):
         self._built = out
         if not blind.applied:
             return out
-        for b in wanted:
-            out.append(Candidate(f"{b} + every pass", b, blind_steps, blind))
+        seen = [blind_steps]
+        if greedy and greedy not in seen:
+            seen.append(greedy)
+            won = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy))
+            out += [Candidate(f"{b} + winning sites", b, greedy, won) for b in wanted]
+        out += [Candidate(f"{b} + every pass", b, blind_steps, blind) for b in wanted]
         if len(blind_steps) > 1 and "eager" in wanted:
             for step in blind_steps:
                 alone = apply_steps(copy.deepcopy(gm0), inputs, [(step.pass_name, None)])
                 steps = _steps_from_sites(alone.applied)
-                out.append(Candidate(f"eager + {step.pass_name}", "eager", steps, alone))
+                if steps and steps not in seen:
+                    seen.append(steps)
+                    out.append(Candidate(f"eager + {step.pass_name}", "eager", steps, alone))
         return out
 
     def _compile_wont_fit(self, cand: Candidate, left: float) -> str | None:

@@ -116,6 +116,11 @@ def test_tuner_rejects_the_planted_gradient_bug_before_timing(tmp_path: Path) ->
     with registered(HalfGradRelu):
         outcome = tune_program(program, options)
     config = outcome.config
+    # Its site, timed forward + backward in training, is rejected on its gradient untimed...
+    (site,) = config.sites
+    assert site.verdict == "wrong outputs" and "gradient of input" in (site.reason or "")
+    assert site.rounds == 0 and not site.accepted
+    # ...so there are no winning sites, and the whole step is rejected as well.
     (cand,) = config.candidates
     assert cand.name == "eager + every pass"
     assert cand.verdict == "wrong outputs"
