@@ -11,7 +11,7 @@ the captured GraphModule as `gm.meta[SPEC_KEY]`, so copies of the module keep it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
@@ -55,6 +55,9 @@ class ShapeSpec:
     dims: tuple[DynamicDim, ...] = ()
     input_names: tuple[str, ...] = ()  # the placeholders, to find them again after rewrites
     names: dict[str, str] = field(default_factory=dict, compare=False)  # symbol -> name
+    # Sizes of inputs a pass built (combine_sparse_inputs' combined index count): exported with
+    # their ranges, never checked against a caller's inputs, which keep the original's shapes.
+    packed: tuple[DynamicDim, ...] = ()
 
     @property
     def is_dynamic(self) -> bool:
@@ -108,7 +111,14 @@ class ShapeSpec:
 
     def export_dims(self) -> dict[str, Any]:
         """One `torch.export.Dim` per dynamic dim (shared, so equal sizes stay equal)."""
-        return {d.name: Dim(_identifier(d.name), min=d.min, max=d.max) for d in self.dims}
+        return {
+            d.name: Dim(_identifier(d.name), min=d.min, max=d.max)
+            for d in (*self.dims, *self.packed)
+        }
+
+    def with_packed(self, dim: DynamicDim) -> ShapeSpec:
+        """This spec plus the dynamic size of an input a pass built."""
+        return replace(self, packed=(*self.packed, dim), names={**self.names, dim.symbol: dim.name})
 
     def to_dict(self) -> dict[str, Any]:
         """For configs and reports: names and ranges, never program symbols."""
@@ -142,6 +152,22 @@ def symbol_of(size: Any) -> str | None:
     raise TypeError(f"unexpected size {size!r}")
 
 
+def linear_in_symbol(size: Any) -> tuple[int, str, int] | None:
+    """(a, symbol, b) when `size` is a*symbol + b with a >= 1 (a packed length such as
+    `8*s0 + 8`); None for a fixed size or any other expression."""
+    if not isinstance(size, torch.SymInt):
+        return None
+    expr = size.node.expr
+    free = list(expr.free_symbols)
+    if len(free) != 1:
+        return None
+    poly = sympy.Poly(expr, free[0])
+    if poly.degree() != 1 or not all(c.is_Integer for c in poly.all_coeffs()):
+        return None
+    a, b = (int(c) for c in poly.all_coeffs())
+    return (a, str(free[0]), b) if a >= 1 else None
+
+
 def _bounds(program: ExportedProgram, symbol: str) -> tuple[int, int | None]:
     for sym, vr in program.range_constraints.items():
         if str(sym) == symbol:
@@ -151,7 +177,7 @@ def _bounds(program: ExportedProgram, symbol: str) -> tuple[int, int | None]:
             if not big:
                 try:
                     upper_i: int | None = int(upper)
-                except TypeError:
+                except (TypeError, OverflowError, AttributeError):  # torch's int_oo: unbounded
                     upper_i = None
             else:
                 upper_i = None
@@ -207,7 +233,9 @@ def dynamic_shapes_for(gm: fx.GraphModule) -> tuple[Any, ...] | None:
     """`dynamic_shapes` for re-exporting `gm` so it serves what the original served.
 
     Read from the module's placeholders (a pass may have added or removed inputs): every size
-    that is one of the original's symbols gets that symbol's Dim and range. None when static.
+    that is one of the original's symbols (or of a packed input's, `ShapeSpec.packed`) gets that
+    symbol's Dim and range, and a size a*s + b of one of them export's derived Dim `a*dim + b`
+    (a packed input's length follows the batch exactly). None when static.
     """
     spec = spec_of(gm)
     if spec is None or not spec.is_dynamic:
@@ -221,15 +249,17 @@ def dynamic_shapes_for(gm: fx.GraphModule) -> tuple[Any, ...] | None:
             continue
         entry: dict[int, Any] = {}
         for d, size in enumerate(v.shape):
-            sym = symbol_of(size)
-            if sym is None:
+            if is_static_size(size):
                 continue
-            if sym not in spec.names:
+            linear = linear_in_symbol(size)
+            if linear is None or linear[1] not in spec.names:
                 raise ValueError(
-                    f"input {node.target} dim {d} has a dynamic size ({sym}) the original program "
+                    f"input {node.target} dim {d} has a dynamic size ({size}) the original program "
                     "did not have"
                 )
-            entry[d] = dims[spec.names[sym]]
+            a, sym, b = linear
+            root = dims[spec.names[sym]]
+            entry[d] = root if (a, b) == (1, 0) else a * root + b
         out.append(entry or None)
     return tuple(out)
 
@@ -254,6 +284,12 @@ def check_still_dynamic(gm: fx.GraphModule) -> None:
                 raise ValueError(
                     f"a rewrite fixed the dynamic size {want} of input {name} to {v.shape[d]}"
                 )
+
+
+def is_static_size(size: Any) -> bool:
+    return isinstance(size, int) or (
+        isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Integer)
+    )
 
 
 def is_static(value: Any) -> bool:

@@ -8,6 +8,7 @@ the same block in two models, get the same id, so a measurement made for one ser
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from torch import fx
 
 from tuner.graph import val
+from tuner.shapes import spec_of
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Site:
             "summary": self.summary,
         }
 
+
+_UNBACKED = re.compile(r"u\d+")
 
 # symbol name -> the name to hash it under (the fingerprint's canonical names); None: as is
 Rename = dict[str, str] | None
@@ -92,14 +96,41 @@ def _describe_arg(
     return a
 
 
+def _data_sizes(nodes: Sequence[fx.Node]) -> dict[str, str]:
+    """Data-dependent sizes (torch's unbacked `u7`, e.g. a split at counts read from an input)
+    named by first appearance: their numbers count every propagation in the ShapeEnv, so the same
+    graph captured twice would otherwise hash differently and a config could not be replayed."""
+    out: dict[str, str] = {}
+    values: list[Any] = []
+    for n in nodes:
+        values += [val(n), *(val(a) for a in n.all_input_nodes)]
+    for v in values:
+        sizes = v.shape if isinstance(v, torch.Tensor) else [v]
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                for sym in sorted(size.node.expr.free_symbols, key=str):
+                    if _UNBACKED.fullmatch(str(sym)) and str(sym) not in out:
+                        out[str(sym)] = f"data{len(out)}"
+    return out
+
+
+def _packed_sizes(nodes: Sequence[fx.Node]) -> dict[str, str]:
+    """Sizes of inputs a pass made (`ShapeSpec.packed`) by their names: their symbols are new in
+    each capture, like data-dependent ones."""
+    spec = spec_of(nodes[0].graph.owning_module) if nodes else None
+    return {d.symbol: d.name for d in spec.packed} if spec is not None else {}
+
+
 def structural_id(pass_name: str, nodes: Sequence[fx.Node], rename: Rename = None) -> str:
     """A short hash of the subgraph formed by `nodes` (taken in graph order).
 
     Dynamic sizes enter as their symbols; `rename` maps them to names that do not depend on how
-    a torch version numbers its symbols (the fingerprint's), site ids keep them as they are.
+    a torch version numbers its symbols (the fingerprint's), site ids keep them as they are,
+    except data-dependent ones (`_data_sizes`).
     """
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     ordered = sorted(nodes, key=order.__getitem__)
+    rename = {**_data_sizes(ordered), **_packed_sizes(ordered), **(rename or {})} or None
     index = {n: i for i, n in enumerate(ordered)}
     externals: dict[fx.Node, int] = {}
     parts: list[Any] = [pass_name]

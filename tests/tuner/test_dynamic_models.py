@@ -1,5 +1,6 @@
 """Issue 9 on real models: transformers' BERT with a dynamic batch and sequence length, and the
-recsys example with a dynamic batch (stacked embedding bag included), tuned and then served at
+recsys example with a dynamic batch (combined sparse inputs and stacked embedding bag included),
+tuned and then served at
 sizes other than the example's with the original's outputs."""
 
 from __future__ import annotations
@@ -10,16 +11,22 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.export import Dim
 
-from examples.dynamic import recsys
+from examples.dynamic import BATCH_MAX, BATCH_MIN, recsys
+from tests.service.fakes import config as fake_config
 from tests.tuner.test_client import FakeService, service  # noqa: F401  (service: the fixture)
+from tuner import backends
 from tuner.apply import apply_passes
-from tuner.client import CheckedInputs, FxtuneClientWarning, load_tuned
+from tuner.capture import save_program
+from tuner.client import CheckedInputs, FxtuneClientWarning, PackedInputs, load_tuned
+from tuner.fingerprint import model_fingerprint
 from tuner.load import load_program
 from tuner.outputs import write_outputs
 from tuner.passes import pass_names
-from tuner.tune import TuneOptions, tune_program
+from tuner.tune import TuneOptions, _steps_from_sites, tune_program
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
 
@@ -113,28 +120,125 @@ def test_bert_with_dynamic_batch_and_sequence_is_served_at_three_sizes(
 # ----------------------------------------------------------------------------------- recsys
 
 
+# The recsys example with its batch and every feature's index count dynamic, with 4 features
+# (the pass and the fusion are the same at 8; 4 keeps the AOTInductor compile short).
+SPARSE = 4
+BATCHES = [BATCH_MIN, 8, 64, 1000, BATCH_MAX]
+COMBINED = ["combine_sparse_inputs", "fuse_horizontal_embedding_bag"]
+
+
+@pytest.fixture(scope="module")
+def dynamic_recsys() -> tuple[Any, Any, Any]:
+    return recsys(batch=64, num_sparse=SPARSE)
+
+
+@pytest.fixture(scope="module")
+def combined(dynamic_recsys: tuple[Any, Any, Any], tmp_path_factory: Any) -> tuple[Any, Any, Path]:
+    """Sparse inputs combined, then the bags stacked: (the rewrite, its program reloaded with
+    plain torch, the AOTInductor package compiled from it)."""
+    _, program, _ = dynamic_recsys
+    done = apply_passes(program, COMBINED)
+    assert [s.pass_name for s in done.applied] == COMBINED, "a pass refused the dynamic recsys"
+    out = tmp_path_factory.mktemp("combined")
+    save_program(done.to_program(), out / "tuned.pt2")
+    loaded = torch.export.load(out / "tuned.pt2")
+    return done, loaded.module(), backends.package_aoti(loaded, out / "tuned.aoti.pt2")
+
+
 @pytest.mark.slow
-def test_recsys_with_a_dynamic_batch_is_served_at_every_batch(
+def test_recsys_with_a_dynamic_batch_is_tuned_with_combined_sparse_inputs(
+    dynamic_recsys: tuple[Any, Any, Any],
+    tmp_path: Path,
+) -> None:
+    """Every pass fires on the dynamic recsys (the combined inputs and the stacked bag
+    included), and tuning measures the combined inputs at every size with right outputs."""
+    model, program, make = dynamic_recsys
+    every = apply_passes(program, pass_names())
+    applied = {s.pass_name for s in every.applied}
+    assert {*COMBINED, "fuse_horizontal_layernorm"} <= applied
+    outcome = _tune(program, tmp_path, {"batch": [2, 512]})
+    config = outcome.config
+    assert not [r for r in config.refusals if r.pass_name == "combine_sparse_inputs"]
+    (site,) = [s for s in config.sites if s.pass_name == "combine_sparse_inputs"]
+    assert len(site.per_size) == 3
+    verdicts = [p.verdict for p in site.per_size]
+    assert not {"failed to run", "wrong outputs"} & set(verdicts), site.per_size
+    assert site.per_size[0].rounds, "the combined inputs were not timed at the example size"
+    assert config.verification.passed
+    tuned = load_program(tmp_path / "tuned.pt2").module()
+    rewritten = every.to_program().module()
+    with torch.no_grad():
+        for b in (2, 1000):
+            x = make(b, b)
+            _assert_same(tuned(*x), model(*x))
+            _assert_same(rewritten(*every.pack(x)), model(*x))
+
+
+def _combined_config(program: Any, done: Any) -> dict[str, Any]:
+    """The config a run that kept both passes writes (on an accelerator, where one copy of two
+    inputs beats one per feature; on this CPU the combined inputs alone measure slower)."""
+    doc = fake_config(model_fingerprint(program))
+    steps = [{"pass": s.pass_name, "sites": s.sites} for s in _steps_from_sites(done.applied)]
+    doc["passes"] = doc["whole_model"]["passes"] = steps
+    return {**doc, "changes_inputs": True}
+
+
+@pytest.mark.slow
+def test_recsys_with_combined_sparse_inputs_is_served_at_every_batch(
+    dynamic_recsys: tuple[Any, Any, Any],
+    combined: tuple[Any, Any, Path],
     service: tuple[str, FakeService],  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    model, program, make = recsys(batch=64)
-    every = apply_passes(program, pass_names())
-    applied = {s.pass_name for s in every.applied}
-    assert {"fuse_horizontal_embedding_bag", "fuse_horizontal_layernorm"} <= applied
-    # combine_sparse_inputs cannot keep per-feature index counts dynamic: refused, with why.
-    assert "combine_sparse_inputs" not in applied
-    outcome = _tune(program, tmp_path, {"batch": [2, 512]})
-    refusals = [r for r in outcome.config.refusals if r.pass_name == "combine_sparse_inputs"]
-    assert refusals and "dynamic size" in refusals[0].reason
-    assert outcome.config.verification.passed
-    rewritten = every.to_program().module()
-    tuned = load_program(tmp_path / "tuned.pt2").module()
+    """The tuned `.pt2` (plain torch, fed by the packer), the AOTInductor package and
+    `load_tuned` answer as the original at every batch in range; outside it, the `.pt2` and the
+    package raise and `load_tuned` runs the untuned module with one warning."""
+    model, program, make = dynamic_recsys
+    done, tuned, package_path = combined
+    package = backends.load_aoti(package_path)
     url, fake = service
-    client = _client(program, outcome, url, fake, tmp_path / "configs")
+    fake.configs[model_fingerprint(program)] = _combined_config(program, done)
+    client = _client_of(program, url, tmp_path)
+    assert isinstance(client.tuned, PackedInputs)
     with torch.no_grad():
-        for b in (2, 8, 64, 1000):
+        for b in BATCHES:
             x = make(b, b)
             want = model(*x)
-            for run in (rewritten, tuned, client):
-                _assert_same(run(*x), want)
+            for run in (tuned, package):
+                _assert_same(run(*done.pack(x)), want)
+            _assert_same(client(*x), want)
+        too_big = make(BATCH_MAX + 1, 0)
+        with pytest.raises(AssertionError, match="<= 4096"):
+            tuned(*done.pack(too_big))
+        with pytest.raises(RuntimeError, match="expected to be <= 4096"):
+            package(*done.pack(too_big))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(AssertionError):
+                client(*too_big)
+    warned = [str(w.message) for w in caught if w.category is FxtuneClientWarning]
+    assert len(warned) == 1 and "outside" in warned[0]
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.integers(BATCH_MIN, 600), st.integers(0, 2**16))
+@pytest.mark.slow
+def test_recsys_combined_program_equal_at_any_batch(
+    dynamic_recsys: tuple[Any, Any, Any], combined: tuple[Any, Any, Path], batch: int, seed: int
+) -> None:
+    model, _, make = dynamic_recsys
+    done, tuned, _ = combined
+    x = make(batch, seed)
+    with torch.no_grad():
+        _assert_same(tuned(*done.pack(x)), model(*x))
+
+
+def _client_of(program: Any, url: str, cache: Path) -> Any:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = load_tuned(program, server=url, cache_dir=cache, compile=False)
+    assert not [str(w.message) for w in caught if w.category is FxtuneClientWarning]
+    assert isinstance(module, CheckedInputs)
+    return module

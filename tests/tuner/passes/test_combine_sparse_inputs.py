@@ -1,12 +1,15 @@
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.export import Dim
 
 from tests.passes_helpers import (
     InputMaker,
@@ -15,7 +18,9 @@ from tests.passes_helpers import (
     assert_unchanged,
     sparse_feature,
 )
-from tuner.apply import Transformed
+from tuner.apply import Transformed, apply_passes
+from tuner.capture import to_graph_module
+from tuner.passes import get_pass
 from tuner.passes.combine_sparse_inputs import SparsePacker
 
 PASS = ["combine_sparse_inputs"]
@@ -189,3 +194,124 @@ def test_property_equivalent(shape: tuple[list[int], list[int]], width: int, bag
     module = Ranker(rows, width).eval()
     result = assert_equivalent(module, ranker_inputs(rows, counts, bags), PASS, trials=2)
     assert placeholders(result) == ["sparse_indices", "sparse_offsets", "xs_2"]
+
+
+# ------------------------------------------------------------------------------ dynamic sizes
+
+ROWS = [10, 7, 12]
+BATCH = Dim("batch", min=2, max=64)
+COUNT_MAX = 5 * 64
+
+
+def dynamic_inputs(batch: int, seed: int, dtype: torch.dtype = torch.int64) -> tuple[Any, ...]:
+    """Ranker inputs at any batch; each feature's index count is its own size (0-4 per bag)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [int(torch.randint(2, 5 * batch + 1, (1,), generator=gen)) for _ in ROWS]
+    inputs = ranker_inputs(ROWS, counts, batch)(gen)
+    return tuple(t.to(dtype) if t.dtype == torch.int64 else t for t in inputs)
+
+
+def dynamic_program(dtype: torch.dtype = torch.int64, high: int | None = COUNT_MAX) -> Any:
+    """The Ranker exported with a dynamic batch and a dynamic index count per feature."""
+    torch.manual_seed(0)
+    module = Ranker(ROWS).eval()
+    counts = [Dim(f"count_{k}", min=2, max=high) for k in range(len(ROWS))]
+    sparse = [{0: counts[0]}, {0: BATCH}, {0: BATCH}]
+    for c in counts[1:]:
+        sparse += [{0: c}, {0: BATCH}]
+    program = torch.export.export(
+        module, dynamic_inputs(8, 0, dtype), dynamic_shapes={"xs": tuple(sparse)}, strict=False
+    )
+    return module, program
+
+
+@pytest.fixture(scope="module")
+def dynamic() -> tuple[nn.Module, Any, Transformed, Any]:
+    """The dynamic Ranker combined and re-exported: (eager, original, combined, its program)."""
+    module, program = dynamic_program()
+    result = apply_passes(program, PASS)
+    assert [s.pass_name for s in result.applied] == PASS, "the pass refused a dynamic program"
+    return module, program, result, result.to_program()
+
+
+def _placeholder_sizes(program: Any) -> dict[str, Any]:
+    return {
+        n.name: n.meta["val"].shape[0]
+        for n in program.graph.find_nodes(op="placeholder")
+        if n.name.startswith("sparse")
+    }
+
+
+def test_dynamic_counts_are_combined_with_symbolic_sizes(
+    dynamic: tuple[nn.Module, Any, Transformed, Any],
+) -> None:
+    """The combined index count is a new size whose range is the sum of the features' ranges;
+    the offsets are the 3 counts plus 3 batches of offsets: 3*batch + 3, batch's range kept."""
+    _, _, result, program = dynamic
+    assert placeholders(result) == ["sparse_indices", "sparse_offsets", "xs_2"]
+    sizes = _placeholder_sizes(program)
+    indices, offsets = sizes["sparse_indices"], sizes["sparse_offsets"]
+    (symbol,) = indices.node.expr.free_symbols
+    ranges = {str(s): r for s, r in program.range_constraints.items()}
+    assert (int(ranges[str(symbol)].lower), int(ranges[str(symbol)].upper)) == (6, 3 * COUNT_MAX)
+    (batch,) = offsets.node.expr.free_symbols
+    assert str(offsets.node.expr) == f"3*{batch} + 3"
+    assert (int(ranges[str(batch)].lower), int(ranges[str(batch)].upper)) == (2, 64)
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.integers(2, 64), st.integers(0, 2**16))
+def test_dynamic_program_equal_at_any_size(
+    dynamic: tuple[nn.Module, Any, Transformed, Any], batch: int, seed: int
+) -> None:
+    """The re-exported program (plain `torch.export` module) and the packer at any batch and
+    any index counts in range."""
+    module, _, result, program = dynamic
+    inputs = dynamic_inputs(batch, seed)
+    with torch.no_grad():
+        want = module(*inputs)
+        torch.testing.assert_close(program.module()(*result.pack(inputs)), want)
+        torch.testing.assert_close(result.gm(*result.pack(inputs)), want)
+
+
+def test_dynamic_program_saves_and_refuses_what_it_was_not_built_for(
+    dynamic: tuple[nn.Module, Any, Transformed, Any], tmp_path: Path
+) -> None:
+    """Loaded back with plain torch: a batch above the range raises export's guard (on the
+    3*64 + 3 offsets), and packed inputs whose counts do not add up raise the in-graph check
+    instead of splitting wrongly."""
+    module, _, result, program = dynamic
+    torch.export.save(program, tmp_path / "combined.pt2")
+    loaded = torch.export.load(tmp_path / "combined.pt2").module()
+    inputs = dynamic_inputs(16, 3)
+    torch.testing.assert_close(loaded(*result.pack(inputs)), module(*inputs))
+    with pytest.raises(AssertionError, match=r"sparse_offsets.size\(\)\[0\] <= 195"):
+        loaded(*result.pack(dynamic_inputs(65, 1)))
+    indices, offsets, dense = result.pack(inputs)
+    wrong = offsets.clone()
+    wrong[0] += 1
+    for run in (loaded, result.gm):
+        with pytest.raises(RuntimeError, match=r"add up|Runtime assertion failed"):
+            run(indices, wrong, dense)
+
+
+def test_dynamic_packer_puts_the_counts_first() -> None:
+    inputs = (
+        torch.arange(3),
+        torch.tensor([0, 2]),
+        torch.ones(1),
+        torch.arange(5),
+        torch.tensor([0, 1]),
+    )
+    packed = SparsePacker(indices=(0, 3), offsets=(1, 4), counts=True)(inputs)
+    assert [t.tolist() for t in packed] == [[0, 1, 2, 0, 1, 2, 3, 4], [3, 5, 0, 2, 0, 1], [1.0]]
+
+
+def test_int32_offsets_with_unbounded_counts_are_refused() -> None:
+    """A count that can exceed int32 cannot ride in int32 offsets: no site, and why."""
+    _, program = dynamic_program(torch.int32, high=None)
+    graph_pass = get_pass(PASS[0])
+    assert graph_pass.find_sites(to_graph_module(program)) == []
+    assert any("could overflow" in r for r in graph_pass.refusals)
