@@ -73,8 +73,11 @@ from tuner.tune import (
 # What a backend is called in the compile-time store: a compile of forward + backward costs
 # more than a forward-only one, so its estimates are kept apart.
 COMPILE_KEY = "compile-train"
+GRAPHED = "CUDA graphs are captured for inference (no autograd history): not a training candidate"
 NOT_TRAINABLE = {
-    "inductor": "AOTInductor packages are inference-only (no backward): not a training candidate"
+    "inductor": "AOTInductor packages are inference-only (no backward): not a training candidate",
+    "cudagraph": GRAPHED,
+    "compile-cudagraphs": GRAPHED,
 }
 
 
