@@ -1,4 +1,8 @@
-"""`make bench`: each example model under eager, torch.compile, AOTInductor, blind passes, fxtune.
+"""`make bench`: each example model under eager, its peers, blind passes, and fxtune.
+
+On CPU the peers are torch.compile and AOTInductor; on a CUDA GPU (`--device cuda`, the
+default where one is present) also torch.compile's "reduce-overhead" (inductor with CUDA
+graphs) and the original captured in one plain CUDA graph, timed with CUDA events (issue 11).
 
 The examples are joined by two held-out models (bench.held_out: BERT and ViT from transformers
 configs), so the "never below the best peer" column is checked on models nobody here wrote.
@@ -16,6 +20,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,9 @@ from bench.held_out import HELD_OUT, build_held_out
 from examples.build import build_all
 from tuner import backends
 from tuner.apply import apply_steps
-from tuner.capture import example_inputs, to_graph_module
+from tuner.capture import example_inputs, on_device, to_graph_module
+from tuner.cuda_graphs import GraphedModule
+from tuner.device import CPU, Device
 from tuner.load import load_program
 from tuner.measure import compare
 from tuner.outputs import aoti_path_for, write_outputs
@@ -37,16 +44,49 @@ from tuner.summary import format_interval
 from tuner.tune import TuneOptions, tune_program
 
 OUT = Path(__file__).parent / "out"
-COLUMNS = ["torch.compile", "AOTInductor", "every pass (eager)", "fxtune program (eager)", "fxtune"]
-# What a user would pick instead of fxtune; "fxtune / best peer" times fxtune against the
-# faster of them directly (interleaved, in this run): above 1 means fxtune ships something faster.
-PEERS = ("torch.compile", "AOTInductor")
+# What a user would pick instead of fxtune, per device kind; "fxtune / best peer" times fxtune
+# against the faster of them directly (interleaved, in this run): above 1 means fxtune ships
+# something faster.
+PEERS: dict[str, tuple[str, ...]] = {
+    "cpu": ("torch.compile", "AOTInductor"),
+    "cuda": ("torch.compile", "reduce-overhead", "AOTInductor", "CUDA graph"),
+}
+OURS = ("every pass (eager)", "fxtune program (eager)", "fxtune")
 console = Console()
 
 
-def ratio(base: Callable[[], Any], cand: Callable[[], Any], budget_s: float) -> dict[str, float]:
-    s = compare(base, cand, budget_s=budget_s).summary
+def columns(device: Device) -> list[str]:
+    return [*PEERS[device.kind], *OURS]
+
+
+def ratio(
+    base: Callable[[], Any], cand: Callable[[], Any], budget_s: float, device: Device = CPU
+) -> dict[str, float]:
+    s = compare(base, cand, budget_s=budget_s, device=device).summary
     return {"speedup": s.speedup, "ci_low": s.low, "ci_high": s.high, "rounds": s.rounds}
+
+
+def built_now(module: Callable[..., Any], inputs: tuple[Any, ...]) -> Callable[..., Any]:
+    """Compile (or capture) on the first call now: one inside a timed comparison would leave
+    no rounds."""
+    with torch.inference_mode():
+        module(*inputs)
+    return module
+
+
+def peers(
+    device: Device, program: Any, inputs: tuple[Any, ...], work: Path, name: str
+) -> dict[str, Callable[..., Any]]:
+    """The original under each peer of `device`, built and ready to time."""
+    made: dict[str, Callable[[], Callable[..., Any]]] = {
+        "torch.compile": lambda: torch.compile(program.module()),
+        "reduce-overhead": lambda: torch.compile(program.module(), mode="reduce-overhead"),
+        "AOTInductor": lambda: backends.load_aoti(
+            backends.package_aoti(program, work / f"{name}.orig.aoti.pt2")
+        ),
+        "CUDA graph": lambda: GraphedModule(program.module()),
+    }
+    return {peer: built_now(made[peer](), inputs) for peer in PEERS[device.kind]}
 
 
 def _speed(x: float | None) -> str:
@@ -58,16 +98,20 @@ def _cell(r: dict[str, Any]) -> str:
 
 
 def bench_model(
-    name: str, path: Path, work: Path, tune_budget_s: float, budget_s: float
+    name: str,
+    path: Path,
+    work: Path,
+    tune_budget_s: float,
+    budget_s: float,
+    device: Device = CPU,
 ) -> dict[str, Any]:
     program = load_program(path)
+    if device.kind != "cpu":
+        program = on_device(program, device.torch_device)
     inputs = example_inputs(program)
     eager = program.module()
-    console.log(f"[{name}] compiling torch.compile and AOTInductor baselines")
-    compiled = torch.compile(program.module())
-    with torch.inference_mode():
-        compiled(*inputs)  # compiles now: a compile inside a timed comparison leaves no rounds
-    aoti = backends.load_aoti(backends.package_aoti(program, work / f"{name}.orig.aoti.pt2"))
+    console.log(f"[{name}] building the peers: {', '.join(PEERS[device.kind])}")
+    peer_runs = peers(device, program, inputs, work, name)
     blind = apply_steps(
         copy.deepcopy(to_graph_module(program)), inputs, [(p, None) for p in pass_names()]
     )
@@ -76,7 +120,10 @@ def bench_model(
     console.log(f"[{name}] tuning (budget {tune_budget_s:.0f} s)")
     started = time.monotonic()
     options = TuneOptions(
-        budget_s=tune_budget_s, cache_path=work / "cache.json", workdir=work / f"{name}.work"
+        budget_s=tune_budget_s,
+        cache_path=work / "cache.json",
+        workdir=work / f"{name}.work",
+        device=device,
     )
     outcome = tune_program(program, options)
     tuned_path = work / f"{name}.tuned.pt2"
@@ -93,18 +140,21 @@ def bench_model(
 
     console.log(f"[{name}] timing")
     variants: dict[str, Callable[[], Any]] = {
-        "torch.compile": lambda: compiled(*inputs),
-        "AOTInductor": lambda: aoti(*inputs),
+        **{peer: partial(run, *inputs) for peer, run in peer_runs.items()},
         "every pass (eager)": lambda: blind.gm(*blind_inputs),
         "fxtune program (eager)": lambda: tuned_program(*tuned_inputs),
         "fxtune": lambda: final(*tuned_inputs),
     }
     with torch.inference_mode():
-        figures = {k: ratio(lambda: eager(*inputs), fn, budget_s) for k, fn in variants.items()}
-        best = max(PEERS, key=lambda k: figures[k]["speedup"] or 0.0)
-        vs_peer = ratio(variants[best], variants["fxtune"], budget_s)
+        figures = {
+            k: ratio(lambda: eager(*inputs), fn, budget_s, device) for k, fn in variants.items()
+        }
+        best = max(PEERS[device.kind], key=lambda k: figures[k]["speedup"] or 0.0)
+        vs_peer = ratio(variants[best], variants["fxtune"], budget_s, device)
     return {
         "model": name,
+        "device": str(device),
+        "columns": columns(device),
         "ratios": figures,
         "best_peer": best,
         "vs_best_peer": vs_peer,
@@ -119,12 +169,13 @@ def bench_model(
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ["model", *COLUMNS, "best peer", "fxtune / best peer", "fxtune backend", "tuning s"]
+    cols = rows[0]["columns"]
+    head = ["model", *cols, "best peer", "fxtune / best peer", "fxtune backend", "tuning s"]
     head.append("timed candidates")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"]]
-        cells += [_speed(r["ratios"][c]["speedup"]) for c in COLUMNS]
+        cells += [_speed(r["ratios"][c]["speedup"]) for c in cols]
         cells += [r["best_peer"], _cell(r["vs_best_peer"])]
         cells += [r["backend"], f"{r['tuning_s']:.0f}", str(r["timed_candidates"])]
         lines.append("| " + " | ".join(cells) + " |")
@@ -137,9 +188,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    cols = rows[0]["columns"]
     fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(COLUMNS)
-    for i, col in enumerate(COLUMNS):
+    width = 0.8 / len(cols)
+    for i, col in enumerate(cols):
         xs = [j + i * width for j in range(len(rows))]
         ys = [r["ratios"][col]["speedup"] or 0.0 for r in rows]
         lo = [y - (r["ratios"][col]["ci_low"] or y) for y, r in zip(ys, rows, strict=True)]
@@ -148,14 +200,25 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["model"] for r in rows])
     ax.set_ylabel("speed over eager (x)")
-    ax.set_title(f"fxtune on {torch.get_num_threads()} CPU threads, torch {torch.__version__}")
+    ax.set_title(f"fxtune on {where(Device.parse(rows[0]['device']))}, torch {torch.__version__}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
+def where(device: Device) -> str:
+    if device.kind == "cuda":
+        return torch.cuda.get_device_name(device.torch_device)
+    return f"{torch.get_num_threads()} CPU threads"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda where a GPU is present)",
+    )
     parser.add_argument("--models", nargs="*", default=None)
     parser.add_argument(
         "--held-out",
@@ -173,26 +236,28 @@ def main() -> None:
         help="batches to time the dynamic-batch model at (none: skip it)",
     )
     args = parser.parse_args()
+    device = Device.parse(args.device).require_available()
     OUT.mkdir(exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         models = build_all(work, args.models) | build_held_out(work, args.held_out)
         for name, path in models.items():
-            rows.append(bench_model(name, path, work, args.tune_budget_s, args.budget_s))
-        dynamic_rows = (
+            rows.append(bench_model(name, path, work, args.tune_budget_s, args.budget_s, device))
+        dynamic_rows = (  # the dynamic-batch sweep is a CPU bench
             dynamic.bench_dynamic(
                 work, args.tune_budget_s, ratio, args.budget_s, tuple(args.dynamic_batches)
             )
-            if args.dynamic_batches
+            if args.dynamic_batches and device.kind == "cpu"
             else []
         )
-    table = Table("model", *COLUMNS, "best peer", "fxtune / best peer", "backend", "tuning s")
+    cols = columns(device)
+    table = Table("model", *cols, "best peer", "fxtune / best peer", "backend", "tuning s")
     table.add_column("timed")
     for r in rows:
         table.add_row(
             r["model"],
-            *[_cell(r["ratios"][c]) for c in COLUMNS],
+            *[_cell(r["ratios"][c]) for c in cols],
             r["best_peer"],
             _cell(r["vs_best_peer"]),
             r["backend"],

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pandas as pd
 from torch.profiler import profile
 
 from tuner.profiling.analysis import (
+    MEMORY_EVENT,
     OP_COLUMNS,
     RAW_COLUMNS,
     device_activity,
@@ -15,6 +17,37 @@ from tuner.profiling.analysis import (
     typed,
 )
 from tuner.profiling.categories import is_compiled_kernel, is_operator
+
+# Names kineto gives device copies and fills; every other device event is a kernel.
+_DEVICE_KIND = (("Memcpy", "gpu_memcpy"), ("Memset", "gpu_memset"))
+_RUNTIME = re.compile(r"^cuda[A-Z]")
+_DRIVER = re.compile(r"^cu[A-Z]")
+ANNOTATIONS = "fxtune."  # the ranges fxtune itself marks (ITERATION, the phases of a step)
+
+
+def activity_kind(event: Any) -> str:
+    """Kineto's activity type of an event (`cpu_op`, `kernel`, `cuda_runtime`, ...).
+
+    torch 2.13's `_KinetoEvent` says it (`activity_type()`); torch 2.11's, which GPU images
+    ship, has no such method (issue 11), so there it is read from what every version has: the
+    device, the user-annotation flag and the name."""
+    if hasattr(event, "activity_type"):
+        return str(event.activity_type())
+    name = event.name()
+    on_device = event.device_type().name.lower() != "cpu"
+    flag = getattr(event, "is_user_annotation", None)
+    annotation = flag() if flag is not None else name.startswith(ANNOTATIONS)
+    if annotation:
+        return "gpu_user_annotation" if on_device else "user_annotation"
+    if on_device:
+        return next((kind for prefix, kind in _DEVICE_KIND if name.startswith(prefix)), "kernel")
+    if name == MEMORY_EVENT:
+        return "cpu_instant_event"
+    if _RUNTIME.match(name):
+        return "cuda_runtime"
+    if _DRIVER.match(name):
+        return "cuda_driver"
+    return "cpu_op"
 
 
 def kineto_frame(prof: profile) -> pd.DataFrame:
@@ -26,7 +59,7 @@ def kineto_frame(prof: profile) -> pd.DataFrame:
     rows = [
         {
             "name": e.name(),
-            "kind": e.activity_type(),
+            "kind": activity_kind(e),
             "device": e.device_type().name.lower(),
             "correlation_id": e.correlation_id(),
             "linked_correlation_id": e.linked_correlation_id(),

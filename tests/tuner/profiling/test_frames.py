@@ -1,0 +1,74 @@
+"""Profiler events as frames: an event's kind where torch does not say it (torch 2.11)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from tuner.profiling.analysis import ITERATION, phase_range
+from tuner.profiling.frames import activity_kind
+
+
+class WithoutActivityType:
+    """A torch 2.13 kineto event seen through torch 2.11's interface: no `activity_type()`."""
+
+    def __init__(self, event: Any, annotation_flag: bool = True) -> None:
+        self._event = event
+        if not annotation_flag:
+            self.is_user_annotation = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "activity_type":
+            raise AttributeError(name)
+        return getattr(self._event, name)
+
+
+def _cpu_events() -> list[Any]:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    x = torch.randn(4, 8, requires_grad=True)
+    activities = [ProfilerActivity.CPU]
+    with profile(activities=activities, profile_memory=True) as prof, record_function(ITERATION):
+        with record_function(phase_range("forward")):
+            loss = model(x).sum()
+        loss.backward()
+    return list(prof.profiler.kineto_results.events())
+
+
+@pytest.mark.parametrize("annotation_flag", [True, False])
+def test_the_derived_kind_of_every_cpu_event_is_torchs_own(annotation_flag: bool) -> None:
+    events = _cpu_events()
+    kinds = {e.activity_type() for e in events}
+    assert {"cpu_op", "user_annotation", "cpu_instant_event"} <= kinds
+    for event in events:
+        seen = WithoutActivityType(event, annotation_flag)
+        theirs = event.activity_type() == "user_annotation" and not event.name().startswith("fx")
+        if theirs and not annotation_flag:
+            continue  # torch's own ranges need the flag; fxtune's are known by name
+        assert activity_kind(seen) == event.activity_type(), event.name()
+
+
+def _fake(name: str, device: str) -> Any:
+    kind = SimpleNamespace(name=device.upper())
+    return SimpleNamespace(
+        name=lambda: name, device_type=lambda: kind, is_user_annotation=lambda: False
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "kind"),
+    [
+        ("void at::native::vectorized_elementwise_kernel<4>", "cuda", "kernel"),
+        ("Memcpy HtoD (Pageable -> Device)", "cuda", "gpu_memcpy"),
+        ("Memset (Device)", "cuda", "gpu_memset"),
+        ("cudaLaunchKernel", "cpu", "cuda_runtime"),
+        ("cudaGraphLaunch", "cpu", "cuda_runtime"),
+        ("cuLaunchKernel", "cpu", "cuda_driver"),
+        ("aten::addmm", "cpu", "cpu_op"),
+    ],
+)
+def test_cuda_events_are_told_apart_by_device_and_name(name: str, device: str, kind: str) -> None:
+    assert activity_kind(_fake(name, device)) == kind
