@@ -153,21 +153,39 @@ def deployed(backend: str, module: nn.Module) -> nn.Module:
     return wrap(module) if wrap is not None else module
 
 
+# Backends that build in the process that runs them (on the first call): with `probe`, a child
+# builds and runs each once first (`tuner.compile_child.probe_in_child`), so a crash kills it.
+PROBED: tuple[str, ...] = ("compile", "compile-cudagraphs", "cudagraph")
+
+
 def build(
     backend: str,
     gm: fx.GraphModule,
     inputs: tuple,
     workdir: Path,
     timeout_s: float | None = None,
+    probe: bool = False,
 ) -> Built:
     """A runner for `gm`; with `timeout_s`, an ahead-of-time compile runs in a child process
-    and raises `tuner.compile_child.CompileOverrun` when it does not finish in that time."""
+    and raises `tuner.compile_child.CompileOverrun` when it does not finish in that time, and
+    with `probe` too, a backend of `PROBED` is first built and run once in a child (raising
+    `CompileCrashed` if the child dies), its times recorded in the result."""
     try:
         make = BACKENDS[backend]
     except KeyError:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}") from None
     workdir.mkdir(parents=True, exist_ok=True)
-    return make(gm, inputs, workdir, timeout_s)
+    if not (probe and backend in PROBED and timeout_s is not None):
+        return make(gm, inputs, workdir, timeout_s)
+    from tuner.capture import to_program
+    from tuner.compile_child import probe_in_child
+
+    path = workdir / f"{uuid.uuid4().hex}.probe.pt2"
+    torch.export.save(to_program(gm, tuple(inputs)), path)
+    probed = probe_in_child(path, backend, timeout_s=timeout_s)
+    built = make(gm, inputs, workdir, timeout_s)
+    built.compile_s, built.overhead_s = probed.compile_s, probed.seconds - probed.compile_s
+    return built
 
 
 def package_aoti(program: ExportedProgram, path: Path, *, instrumented: bool = False) -> Path:

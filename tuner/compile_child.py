@@ -1,14 +1,22 @@
-"""AOTInductor compiles in a child process: an overrun can be stopped and a crash is contained.
+"""Compiles in a child process: an overrun can be stopped and a crash is contained.
 
 A compile inside the tuner's own process cannot be interrupted; in a child (its own process
 group, so inductor's compile workers and the C++ compiler go with it) it is killed when its
-time is up. The child also loads the package and runs it once on the example inputs, so native
-code that kills its process (a segfault, an abort, a CUDA error) kills the child, and the tuner
-records the candidate as crashed, with the signal, and goes on. The child reports how long the
-compile itself took, so compile-time estimates do not mistake starting Python and importing
-torch for lowering the graph.
+time is up. The child also runs the result once on the example inputs, so native code that
+kills its process (a segfault, an abort, a CUDA error) kills the child, and the tuner records
+the candidate as crashed, with the signal, and goes on. The child reports how long the compile
+itself took, so compile-time estimates do not mistake starting Python and importing torch for
+lowering the graph.
+
+Two uses:
+- an AOTInductor package is compiled in the child, and the tuner loads the package it wrote;
+- a backend built in the process that runs it (torch.compile, CUDA graphs) is probed: the child
+  builds and runs it once, and only a candidate that survives is built again in the tuner (on
+  inductor's warm cache). Probing costs a child per candidate, so the tuner does it where
+  crashes were seen (CUDA, issue 11) or when asked (`TuneOptions.isolate_compiles`).
 
 `python -m tuner.compile_child PROGRAM.pt2 PACKAGE.aoti.pt2 [--instrumented]`
+`python -m tuner.compile_child PROGRAM.pt2 --probe BACKEND`
 """
 
 from __future__ import annotations
@@ -39,9 +47,9 @@ class CompileFailed(FxtuneError):
 class CompileCrashed(FxtuneError):
     """The child died by a signal while compiling the package or running it once."""
 
-    def __init__(self, signal_name: str, signal_number: int) -> None:
+    def __init__(self, signal_name: str, signal_number: int, what: str = "the package") -> None:
         super().__init__(
-            f"crashed: {signal_name} (signal {signal_number}) while compiling the package or "
+            f"crashed: {signal_name} (signal {signal_number}) while compiling {what} or "
             "running it once, in a child process; tuning went on without it"
         )
         self.signal_name = signal_name
@@ -77,9 +85,22 @@ def compile_aoti_in_child(
     program_path: Path, package_path: Path, *, timeout_s: float, instrumented: bool = False
 ) -> ChildCompile:
     """Compile PROGRAM.pt2 to an AOTInductor package in a child killed after `timeout_s`."""
-    cmd = [sys.executable, "-m", CHILD_MODULE, str(program_path), str(package_path)]
-    if instrumented:
-        cmd.append("--instrumented")
+    args = [str(program_path), str(package_path)] + (["--instrumented"] if instrumented else [])
+    seconds, report = _run_child(args, timeout_s, "the package", "AOTInductor compile")
+    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]))
+
+
+def probe_in_child(program_path: Path, backend: str, *, timeout_s: float) -> ChildCompile:
+    """Build PROGRAM.pt2 under `backend` and run it once, in a child killed after `timeout_s`."""
+    what = f"under {backend}"
+    seconds, report = _run_child(
+        [str(program_path), "--probe", backend], timeout_s, what, f"{backend} probe"
+    )
+    return ChildCompile(program_path, seconds, float(report["compile_s"]))
+
+
+def _run_child(args: list[str], timeout_s: float, what: str, action: str) -> tuple[float, dict]:
+    cmd = [sys.executable, "-m", CHILD_MODULE, *args]
     started = time.monotonic()
     # A killed compiler leaves its temporary files: the child gets a temp folder of its own,
     # removed here whatever happened; inductor's cache stays where it would have been.
@@ -111,16 +132,16 @@ def compile_aoti_in_child(
             name = signal.Signals(number).name
         except ValueError:
             name = "an unknown signal"
-        raise CompileCrashed(name, number)
+        raise CompileCrashed(name, number, what)
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-        raise CompileFailed(f"AOTInductor compile failed: {tail[0]}")
-    report = json.loads(out.decode().strip().splitlines()[-1])
-    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]))
+        raise CompileFailed(f"{action} failed: {tail[0]}")
+    return seconds, json.loads(out.decode().strip().splitlines()[-1])
 
 
 def main(argv: list[str]) -> int:
-    """Compile, then run the package once: a crash of either happens here, not in the tuner.
+    """Compile (or build under a backend), then run once: a crash of either happens here, not
+    in the tuner.
 
     The program is one the tuner itself saved (never an upload), so plain `torch.export.load`
     is safe here.
@@ -128,15 +149,26 @@ def main(argv: list[str]) -> int:
     import torch
 
     from tuner import backends
-    from tuner.capture import example_inputs
+    from tuner.capture import example_inputs, to_graph_module
 
     started = time.monotonic()
     program = torch.export.load(argv[0])
-    package = backends.package_aoti(program, Path(argv[1]), instrumented="--instrumented" in argv)
-    compile_s = time.monotonic() - started
-    with torch.inference_mode():
-        backends.load_aoti(package)(*example_inputs(program))
-    print(json.dumps({"package": str(package), "compile_s": compile_s}), flush=True)
+    inputs = example_inputs(program)
+    if "--probe" in argv:
+        backend = argv[argv.index("--probe") + 1]
+        with tempfile.TemporaryDirectory(prefix="fxtune-probe-") as work:
+            built = backends.build(backend, to_graph_module(program), inputs, Path(work))
+            with torch.inference_mode():
+                built.runner(*inputs)  # torch.compile and CUDA graphs build on the first call
+        report = {"backend": backend, "compile_s": time.monotonic() - started}
+    else:
+        package = Path(argv[1])
+        package = backends.package_aoti(program, package, instrumented="--instrumented" in argv)
+        compile_s = time.monotonic() - started
+        with torch.inference_mode():
+            backends.load_aoti(package)(*inputs)
+        report = {"package": str(package), "compile_s": compile_s}
+    print(json.dumps(report), flush=True)
     return 0
 
 

@@ -100,6 +100,10 @@ class TuneOptions:
     # backward and, with `optimizer` (tuner.training.OPTIMIZERS), one optimizer step.
     mode: Mode = "infer"
     optimizer: str | None = None
+    # Build each torch.compile / CUDA-graph candidate once in a child process first, so one
+    # that crashes (a segfault, a CUDA error) is recorded as such and tuning goes on; None: on
+    # CUDA only, where such crashes were seen and a compile costs more than the child.
+    isolate_compiles: bool | None = None
 
     def __post_init__(self) -> None:
         self.device = Device.parse(self.device)
@@ -237,6 +241,8 @@ class Tuner:
         self.samples: dict[str, dict[str, list[float]]] = {}
         self.timed = 0
         self.workdir = options.workdir
+        isolate = options.isolate_compiles
+        self.isolate = self.device.kind == "cuda" if isolate is None else isolate
         self.points: list[SizePoint] = []  # the example size first, then further sizes
         self.model_time_s: float | None = None  # the original's seconds per call (CPU)
 
@@ -396,13 +402,17 @@ class Tuner:
         """Build the runner; an AOTInductor compile runs in a child stopped after `left` s.
 
         torch.compile compiles on its first call, in this process: that call is made here,
-        timed, so the estimate for the next one is measured too.
+        timed, so the estimate for the next one is measured too. With `isolate` (CUDA by
+        default) it is first built and run once in a child stopped after `left` s, whose time
+        is the estimate, so a crash or an overrun there costs only the child.
         """
         t = cand.transformed
         nodes = len(t.gm.graph.nodes)
         started = time.monotonic()
         try:
-            built = backends.build(cand.backend, t.gm, t.inputs, self.workdir, timeout_s=left)
+            built = backends.build(
+                cand.backend, t.gm, t.inputs, self.workdir, timeout_s=left, probe=self.isolate
+            )
         except CompileOverrun:
             # At least this long: the next compile of this size will be skipped, not started.
             elapsed = time.monotonic() - started

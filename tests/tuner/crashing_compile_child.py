@@ -1,7 +1,8 @@
-"""A compile child that segfaults when it runs its package: a real crash in a real child.
+"""A compile child that segfaults when it runs what it built: a real crash in a real child.
 
 It goes through tuner.compile_child.main with the compile skipped (to keep the test short) and
-the package's runner replaced by one that reads address 0, as a miscompiled kernel would.
+the package's runner, or the probed backend's, replaced by one that reads address 0, as a
+miscompiled kernel would.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ def _load_crashing(path: Path) -> Any:
     return run
 
 
+def _build_crashing(*_: Any) -> backends.Built:
+    return backends.Built(_load_crashing(Path()))
+
+
 if __name__ == "__main__":
     backends.package_aoti = _no_compile  # this child process only
     backends.load_aoti = _load_crashing
+    for name in backends.PROBED:
+        backends.BACKENDS[name] = _build_crashing
     raise SystemExit(compile_child.main(sys.argv[1:]))
