@@ -170,7 +170,9 @@ def test_recsys_with_a_dynamic_batch_is_tuned_with_combined_sparse_inputs(
     with torch.no_grad():
         for b in (2, 1000):
             x = make(b, b)
-            _assert_same(tuned(*x), model(*x))
+            # The tuned program takes packed inputs when the combined ones won at this run's
+            # timing (on this CPU they usually measure slower, but not always).
+            _assert_same(tuned(*outcome.tuned.pack(x)), model(*x))
             _assert_same(rewritten(*every.pack(x)), model(*x))
 
 
