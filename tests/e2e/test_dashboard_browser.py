@@ -163,8 +163,8 @@ def check_model_page(page: Any, config: dict[str, Any]) -> None:
     assert cell_values(page, "#sites-table td.baseline") == [s["baseline_s"] for s in sites]
     assert cell_values(page, "#sites-table td.candidate") == [s["candidate_s"] for s in sites]
     assert cell_values(page, "#sites-table td.speedup") == [s["speedup"] for s in sites]
-    shown = page.get_attribute("#whole-speedup", "data-value")  # absent where not measured
-    assert (None if shown is None else float(shown)) == config["whole_model"]["speedup"]
+    whole = page.get_attribute("#whole-speedup", "data-value")  # absent where not measured
+    assert (None if whole is None else float(whole)) == config["whole_model"]["speedup"]
     chosen = page.locator("#candidates-table tr.chosen")
     assert (
         chosen.count() == 1 and chosen.get_attribute("data-name") == config["whole_model"]["name"]
