@@ -269,7 +269,7 @@ def test_a_training_job_is_tuned_served_by_mode_and_trains_like_the_original(
     torch.export.save(program, model)
     submit = [sys.executable, "-m", "fxtune_cli", "submit", str(model), "--server", tuned.url]
     done = subprocess.run(
-        [*submit, "--mode", "train", "--optimizer", "sgd", "--budget-s", "10", "--wait"],
+        [*submit, "--mode", "train", "--optimizer", "sgd", "--budget-s", "6", "--wait"],
         env=tuned.env,
         capture_output=True,
         text=True,

@@ -15,43 +15,30 @@ from tuner.tune import TuneOptions, tune_program
 CRASHING = "tests.tuner.crashing_compile_child"
 
 
-def test_a_crashing_candidate_is_recorded_and_tuning_goes_on(
+def test_crashing_candidates_are_recorded_and_tuning_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before the child ran the package, a segfaulting package killed the tuner, and the worker
-    retried the whole job into the same crash."""
-    monkeypatch.setattr(compile_child, "CHILD_MODULE", CRASHING)
-    program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
-    options = TuneOptions(budget_s=60, backends=["eager", "inductor"], cache_path=tmp_path / "c")
-    outcome = tune_program(program, options)
-    figures = {f.name: f for f in outcome.config.candidates}
-    inductor = [f for f in figures.values() if f.backend == "inductor"]
-    assert inductor and all(f.verdict == "crashed" for f in inductor), figures
-    assert all("SIGSEGV (signal 11)" in (f.reason or "") for f in inductor)
-    eager = [f for f in figures.values() if f.backend == "eager"]
-    assert any(f.verdict in ("faster", "slower", "within noise") for f in eager), figures
-    assert outcome.config.whole_model.backend != "inductor"
-    assert outcome.config.verification.passed
-
-
-def test_a_torch_compile_candidate_that_crashes_its_probe_is_recorded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """torch.compile and CUDA graphs build inside the process that runs them; with
-    `isolate_compiles` (the default on CUDA) a child builds and runs each first, so a crash
-    there ends the candidate, not the run."""
+    retried the whole job into the same crash. torch.compile (and CUDA graphs) build inside the
+    process that runs them; with `isolate_compiles` (the default on CUDA) a child builds and
+    runs each first, so a crash there ends the candidate, not the run."""
     monkeypatch.setattr(compile_child, "CHILD_MODULE", CRASHING)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(
         budget_s=60,
-        backends=["eager", "compile"],
+        backends=["eager", "inductor", "compile"],
         passes=["fuse_horizontal_layernorm"],
         cache_path=tmp_path / "c",
         isolate_compiles=True,
     )
     outcome = tune_program(program, options)
-    compiled = [f for f in outcome.config.candidates if f.backend == "compile"]
-    assert compiled and all(f.verdict == "crashed" for f in compiled), compiled
-    assert all("SIGSEGV" in (f.reason or "") and "under compile" in f.reason for f in compiled)
+    figures = {f.name: f for f in outcome.config.candidates}
+    for backend, what in (("inductor", "the package"), ("compile", "under compile")):
+        crashed = [f for f in figures.values() if f.backend == backend]
+        assert crashed and all(f.verdict == "crashed" for f in crashed), figures
+        assert all("SIGSEGV (signal 11)" in (f.reason or "") for f in crashed)
+        assert all(what in (f.reason or "") for f in crashed)
+    eager = [f for f in figures.values() if f.backend == "eager"]
+    assert any(f.verdict in ("faster", "slower", "within noise") for f in eager), figures
     assert outcome.config.whole_model.backend == "eager"
     assert outcome.config.verification.passed
