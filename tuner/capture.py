@@ -85,6 +85,12 @@ def to_graph_module(program: ExportedProgram, *, train: bool = False) -> fx.Grap
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
+    # Without its `_guards_fn`, the unlifted module's input hook falls back to checking every
+    # symbolic size with sympy on each call (3 ms a call on the dynamic recsys, more than the
+    # model): the original timed as the baseline would carry a cost no candidate has and no
+    # deployment pays. `validate_inputs` is the module's own switch for that check.
+    if hasattr(gm, "validate_inputs"):
+        gm.validate_inputs = False
     gm.delete_all_unused_submodules()
     gm.recompile()
     refresh_meta(gm, inputs)

@@ -22,7 +22,7 @@ Sizes = dict[str, list[int]]
 
 # The large default size is bounded so that one set of inputs stays below this many bytes.
 LARGE_INPUT_BYTES = 64 * 2**20
-LARGE_FACTOR = 16  # ... and at most this many times the example
+LARGE_FACTOR = 16  # ... and, for a dim without a maximum, this many times the example
 
 
 @dataclass(frozen=True)
@@ -67,13 +67,15 @@ def _bytes_per_unit(spec: ShapeSpec, inputs: Sequence[Any], name: str) -> float:
 
 
 def default_sizes(spec: ShapeSpec, inputs: Sequence[Any]) -> Sizes:
-    """Per dynamic dim: its minimum, the example, and a large value bounded by memory."""
+    """Per dynamic dim: its minimum, the example, and a large value bounded by memory: the
+    top of the dim's range when one set of inputs there fits in LARGE_INPUT_BYTES (a decision
+    measured only up to 16x the example was shipped up to the top, and there the passes can
+    lose: the dynamic recsys's at batch 4096 ran 0.78x), else LARGE_FACTOR times the example."""
     out: Sizes = {}
     for d in spec.dims:
         per_unit = max(_bytes_per_unit(spec, inputs, d.name), 1.0)
-        large = min(d.example * LARGE_FACTOR, int(LARGE_INPUT_BYTES / per_unit))
-        if d.max is not None:
-            large = min(large, d.max)
+        large = d.max if d.max is not None else d.example * LARGE_FACTOR
+        large = min(large, int(LARGE_INPUT_BYTES / per_unit))
         out[d.name] = sorted({d.min, d.example, max(large, d.example)})
     return out
 
