@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from examples.training import export_for_training, recsys_train
-from tests.tuner.tuning_fixtures import HalfGradRelu, TwoLayerReluNet, registered
+from tests.tuner.tuning_fixtures import HalfGradRelu, registered, relu_net_program
 from tuner.apply import apply_steps
 from tuner.cache import DecisionCache
 from tuner.capture import Inputs, export_module, to_graph_module
@@ -27,13 +27,8 @@ from tuner.tune_train import TrainTuner
 
 
 def _relu_net() -> tuple[torch.fx.GraphModule, Inputs]:
-    gen = torch.Generator().manual_seed(0)
-    model = TwoLayerReluNet()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    x = (torch.randn(16, 32, generator=gen),)
-    return to_graph_module(export_module(model.train(), x), train=True), x
+    program, x = relu_net_program()
+    return to_graph_module(program, train=True), x
 
 
 def _search(run: SiteRun, cache: DecisionCache) -> SiteSearch:

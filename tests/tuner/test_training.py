@@ -8,24 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tuner.tuning_fixtures import HalfGradRelu, TwoLayerReluNet, WrongRelu, registered
+from tests.tuner.tuning_fixtures import (
+    HalfGradRelu,
+    WrongRelu,
+    registered,
+    relu_net_program,
+)
 from tuner.apply import apply_steps
-from tuner.capture import export_module, to_graph_module
+from tuner.capture import to_graph_module
 from tuner.config import TunedConfig
 from tuner.errors import InputError, PassError
 from tuner.measure import check_outputs, fresh_inputs
 from tuner.training import LOSS_RULE, ReferenceSteps, eager_runner, loss_of
 from tuner.tune import TuneOptions, tune_program
-
-
-def _program() -> tuple[torch.export.ExportedProgram, tuple[torch.Tensor]]:
-    gen = torch.Generator().manual_seed(0)
-    model = TwoLayerReluNet()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    x = (torch.randn(16, 32, generator=gen),)
-    return export_module(model.train(), x), x
 
 
 def test_loss_is_the_scalar_output_else_the_sum_of_output_means() -> None:
@@ -36,7 +31,7 @@ def test_loss_is_the_scalar_output_else_the_sum_of_output_means() -> None:
 
 
 def test_a_gradient_breaking_rewrite_is_caught_though_the_forward_is_identical() -> None:
-    program, x = _program()
+    program, x = relu_net_program()
     gm0 = to_graph_module(program, train=True)
     with registered(HalfGradRelu):
         planted = apply_steps(copy.deepcopy(gm0), x, [("test_half_grad_relu", None)])
@@ -51,7 +46,7 @@ def test_a_gradient_breaking_rewrite_is_caught_though_the_forward_is_identical()
 
 
 def test_training_refuses_passes_not_valid_in_training(tmp_path: Path) -> None:
-    program, x = _program()
+    program, x = relu_net_program()
     gm = to_graph_module(program, train=True)
     with pytest.raises(PassError, match="not valid in a training step"):
         apply_steps(gm, x, [("remove_dropout", None)])

@@ -14,23 +14,13 @@ from typer.testing import CliRunner
 from examples.models import RecSys
 from examples.training import export_for_training, recsys_train
 from fxtune_cli import app
-from tests.tuner.tuning_fixtures import HalfGradRelu, TwoLayerReluNet, registered
+from tests.tuner.tuning_fixtures import HalfGradRelu, registered, relu_net_program
 from tuner.apply import apply_passes, count_ops
 from tuner.capture import export_module, save_program, to_graph_module
 from tuner.config import TunedConfig
 from tuner.passes import get_pass, pass_names
 from tuner.training import loss_of
 from tuner.tune import TuneOptions, tune_program
-
-
-def _program() -> tuple[torch.export.ExportedProgram, tuple[torch.Tensor]]:
-    gen = torch.Generator().manual_seed(0)
-    model = TwoLayerReluNet()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    x = (torch.randn(16, 32, generator=gen),)
-    return export_module(model.train(), x), x
 
 
 def _losses(model: torch.nn.Module, batches: list[tuple], lr: float) -> list[float]:
@@ -104,7 +94,7 @@ def test_compiled_training_steps_are_checked_timed_and_compared(tmp_path: Path) 
 
 
 def test_tuner_rejects_the_planted_gradient_bug_before_timing(tmp_path: Path) -> None:
-    program, _ = _program()
+    program, _ = relu_net_program()
     options = TuneOptions(
         mode="train",
         optimizer="sgd",
@@ -146,7 +136,7 @@ def test_an_eval_mode_export_is_tuned_with_a_note_saying_so() -> None:
 
 
 def test_cli_tunes_a_training_step(tmp_path: Path) -> None:
-    program, x = _program()
+    program, x = relu_net_program()
     model = save_program(program, tmp_path / "m.pt2")
     out, report = tmp_path / "out" / "tuned.pt2", tmp_path / "out" / "report.json"
     args = ["tune", str(model), "--out", str(out), "--report", str(report)]

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import torch
 from torch import fx, nn
 
+from tuner.capture import export_module
 from tuner.graph import aten, is_call
 from tuner.passes import REGISTRY
 from tuner.passes.base import GraphPass
@@ -105,6 +106,17 @@ class TwoLayerReluNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+def relu_net_program() -> tuple[torch.export.ExportedProgram, tuple[torch.Tensor]]:
+    """TwoLayerReluNet with seeded small weights, exported in train mode, and its input."""
+    gen = torch.Generator().manual_seed(0)
+    model = TwoLayerReluNet()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    x = (torch.randn(16, 32, generator=gen),)
+    return export_module(model.train(), x), x
 
 
 class Reassociate(GraphPass):
