@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -521,6 +522,17 @@ def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
         assert "token-form" not in resp.text
 
 
+@contextmanager
+def service_with_a_model(root: Path, name: str) -> Iterator[tuple[TestClient, Path, int]]:
+    """A service of its own, for a test that stores results the shared one must not show:
+    the client, a tiny program, and the id it was uploaded (and queued) under."""
+    settings = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+        program = root / "tiny.pt2"
+        tiny_program(program)
+        yield client, program, upload(client, program, name)["id"]
+
+
 def test_model_page_shows_the_bucket_each_size_falls_in(tmp_path: Path) -> None:
     """Size buckets (winners differ by size): each size names its bucket and is marked chosen
     for the candidate its bucket runs, not for the headline's."""
@@ -531,13 +543,7 @@ def test_model_page_shows_the_bucket_each_size_falls_in(tmp_path: Path) -> None:
         {"dim": "batch", "min": 102, "max": 4096, "measured": [512], "name": "original",
          "backend": "eager", "passes": [], "per_size": []},
     ]  # fmt: skip
-    settings = Settings(
-        data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}"
-    )
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
-        program = tmp_path / "tiny.pt2"
-        tiny_program(program)
-        model_id = upload(client, program, "bucketed")["id"]
+    with service_with_a_model(tmp_path, "bucketed") as (client, program, model_id):
         store_result(client, program, tmp_path / "r", cfg)
         rows = page(client, f"/models/{model_id}").tables["sizes-table"]
         html = client.get(f"/models/{model_id}").text
@@ -553,13 +559,7 @@ def test_model_page_shows_the_bucket_each_size_falls_in(tmp_path: Path) -> None:
 def test_training_configs_get_rows_of_their_own(tmp_path: Path) -> None:
     """Issue 12: a model tuned for inference and for a training step shows both, apart: one
     row each on the index, a tab each, and the training page's step and torch.compile figure."""
-    settings = Settings(
-        data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}"
-    )
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
-        program = tmp_path / "tiny.pt2"
-        tiny_program(program)
-        model_id = upload(client, program, "towers")["id"]
+    with service_with_a_model(tmp_path, "towers") as (client, program, model_id):
         store_result(client, program, tmp_path / "i", rich_config())
         job = {"device": "cpu", "mode": "train", "optimizer": "sgd"}
         assert client.post(f"/api/v1/models/{model_id}/jobs", json=job).status_code == 202
