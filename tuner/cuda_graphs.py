@@ -62,9 +62,8 @@ def capture_cuda(
     return graph, outputs
 
 
-def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _signature(flat: list[Any], spec: Any) -> tuple[Any, ...]:
     """What a replay depends on: each tensor's layout, and every other argument's value."""
-    flat, spec = tree_flatten(args)
     return (
         str(spec),
         *(
@@ -112,14 +111,15 @@ class GraphedModule(nn.Module):
         return _Captured(graph, tree_flatten(static)[0], outputs)
 
     def forward(self, *args: Any) -> Any:
-        key = _signature(args)
+        flat, spec = tree_flatten(args)
+        key = _signature(flat, spec)
         captured = self._graphs.get(key)
         if captured is None:
             if len(self._graphs) >= self.max_graphs:
                 self.ungraphed_calls += 1
                 return self.module(*args)
             captured = self._graphs[key] = self._new(args)
-        for buffer, x in zip(captured.static_inputs, tree_flatten(args)[0], strict=True):
+        for buffer, x in zip(captured.static_inputs, flat, strict=True):
             if isinstance(buffer, torch.Tensor):
                 buffer.copy_(x)
         captured.graph.replay()
