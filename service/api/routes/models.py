@@ -6,7 +6,7 @@ import json
 import re
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -41,6 +41,7 @@ from service.api.schemas import (
 from service.distributed import RankModelsError, check_rank_models
 from service.programs import UnloadableProgram, fingerprint_of
 from service.store import ConfigSummary, StoredConfig
+from tuner.config import Mode
 from tuner.device import KINDS
 from tuner.errors import ArtifactFormatError, UnsafeArtifactError
 from tuner.load import check_archive
@@ -69,7 +70,7 @@ UPLOAD_BODY = {
                         "tune": {"type": "boolean", "default": False},
                         "device": {"type": "string", "enum": list(KINDS)},
                         "budget_s": {"type": "number"},
-                        "mode": {"type": "string", "enum": ["infer", "train"]},
+                        "mode": {"type": "string", "enum": list(get_args(Mode))},
                         "optimizer": {"type": "string", "enum": optimizer_names()},
                     },
                 }
