@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.sandbox import SandboxMode
+from tuner.sandbox import SandboxMode
 
 
 def default_tune_command() -> list[str]:

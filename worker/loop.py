@@ -19,9 +19,7 @@ import httpx
 
 from tuner.device import Device
 from tuner.exit_codes import ExitCode
-from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
-from worker.config import WorkerSettings
-from worker.sandbox import (
+from tuner.sandbox import (
     ChildResult,
     Limits,
     Sandbox,
@@ -29,6 +27,8 @@ from worker.sandbox import (
     physical_memory_bytes,
     run_child,
 )
+from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
+from worker.config import WorkerSettings
 
 log = logging.getLogger("fxtune.worker")
 

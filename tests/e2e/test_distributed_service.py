@@ -20,10 +20,10 @@ from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server
 from tests.sharded_helpers import build_small
 from tuner.distributed_tune import rank_path
+from tuner.sandbox import bwrap_works
 from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
-from worker.sandbox import bwrap_works
 
 API = "/api/v1"
 

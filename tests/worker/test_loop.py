@@ -21,10 +21,10 @@ from service.db.models import utcnow
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
 from tuner.exit_codes import ExitCode
+from tuner.sandbox import ChildResult
 from worker.client import Assignment, ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker, _retryable, rank_result_files, result_files
-from worker.sandbox import ChildResult
 
 
 class RecordingClient(ServiceClient):

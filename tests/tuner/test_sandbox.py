@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.helpers import REPO, pid_alive, wait_for
-from worker.sandbox import (
+from tuner.sandbox import (
     Limits,
     Sandbox,
     SandboxUnavailable,
@@ -98,7 +98,7 @@ def test_the_tuner_dies_with_its_worker(tmp_path: Path) -> None:
     parent = f"""
         import sys
         from pathlib import Path
-        from worker.sandbox import Limits, run_child
+        from tuner.sandbox import Limits, run_child
         run_child([sys.executable, "-c", {child!r}], Limits(wall_s=600), Path({str(tmp_path)!r}),
                   lambda p, m: None)
     """
@@ -175,7 +175,7 @@ def test_without_bubblewrap_the_same_child_reaches_both(tmp_path: Path) -> None:
 def test_requiring_bubblewrap_where_it_is_missing_is_an_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("worker.sandbox.shutil.which", lambda _name: None)
+    monkeypatch.setattr("tuner.sandbox.shutil.which", lambda _name: None)
     bwrap_works.cache_clear()
     try:
         with pytest.raises(SandboxUnavailable, match="bubblewrap cannot run"):

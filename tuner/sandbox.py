@@ -1,4 +1,6 @@
-"""Run the tuner as a child process with limits, relaying its progress lines.
+"""Run a child process with limits, relaying its progress lines.
+
+Used for the worker's tuning child and the service's checks of uploaded programs.
 
 The child gets an address-space and CPU-time cap (setrlimit), its own process group (so a
 timeout kills everything it started), and dies with the worker (PR_SET_PDEATHSIG): a worker
