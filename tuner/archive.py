@@ -56,7 +56,7 @@ class ArchiveLimits:
     max_members: int = 20_000
     max_member_bytes: int = 64 * GiB
     max_total_bytes: int = 64 * GiB
-    max_json_bytes: int = 512 * MiB
+    max_json_bytes: int = 64 * MiB  # BERT-large's program JSON is a few MiB
     max_ratio: float = 40.0  # inflated / compressed; weights barely compress, bombs do
     ratio_exempt_bytes: int = 4 * MiB  # small JSON members may compress well
 

@@ -28,6 +28,7 @@ from torch.export.graph_signature import InputKind
 from tuner.archive import ArchiveLimits, ProgramArchive, open_archive
 from tuner.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
 from tuner.op_policy import check_program_json
+from tuner.program_schema import sanitize_payload_config, sanitize_program
 
 PROGRAM_JSON = "models/model.json"
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
@@ -157,6 +158,14 @@ class _PayloadReader:
             raise ArtifactFormatError(
                 f"{fqn}: declares {extent} elements of {rel}, which holds {flat.numel()}"
             )
+        numel = 1
+        for size in sizes:
+            numel *= size
+        if numel > flat.numel():
+            raise UnsafeArtifactError(
+                f"refused {fqn}: it declares {numel} elements over the {flat.numel()} its bytes "
+                "hold (zero or overlapping strides would make a huge tensor from a few bytes)"
+            )
         value = torch.as_strided(flat, sizes, strides, offset)
         if meta.get("is_param"):
             return torch.nn.Parameter(value, requires_grad=bool(tm.get("requires_grad")))
@@ -165,8 +174,8 @@ class _PayloadReader:
     def all(self, config_rel: str) -> dict[str, torch.Tensor]:
         if not self.archive.has(config_rel):
             raise ArtifactFormatError(f"archive member {config_rel} is missing")
-        raw = _json(self.archive, config_rel)
-        config = raw.get("config") if isinstance(raw, dict) else None
+        raw = sanitize_payload_config(_json(self.archive, config_rel), config_rel)
+        config = raw.get("config")
         if not isinstance(config, dict):
             raise ArtifactFormatError(f"{config_rel} holds no payload config")
         return {str(fqn): self.tensor(str(fqn), meta) for fqn, meta in config.items()}
@@ -180,6 +189,8 @@ def _json(archive: ProgramArchive, rel: str) -> Any:
 
 
 def _program_json(archive: ProgramArchive) -> tuple[bytes, dict[str, Any]]:
+    """The program JSON as fxtune re-serializes it after the schema check: torch's deserializer
+    only ever sees these bytes, never the upload's."""
     raw = archive.read(PROGRAM_JSON, archive.limits.max_json_bytes)
     try:
         program = json.loads(raw)
@@ -187,7 +198,11 @@ def _program_json(archive: ProgramArchive) -> tuple[bytes, dict[str, Any]]:
         raise ArtifactFormatError(f"{PROGRAM_JSON} is not valid JSON: {exc}") from None
     if not isinstance(program, dict) or "graph_module" not in program:
         raise ArtifactFormatError(f"{PROGRAM_JSON} is not a serialized exported program")
-    return raw, program
+    try:
+        program = sanitize_program(program)
+    except RecursionError:
+        raise UnsafeArtifactError(f"refused {PROGRAM_JSON}: nested too deeply") from None
+    return json.dumps(program).encode(), program
 
 
 def _checked(path: Path | str, limits: ArchiveLimits | None) -> tuple[ProgramArchive, bytes]:
