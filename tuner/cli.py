@@ -45,12 +45,12 @@ def passes_cmd() -> None:
 @app.command("sites")
 def sites_cmd(model: ModelArg) -> None:
     """List every pass's sites in MODEL (each pass looks at the original graph)."""
+    from tuner.bounds import load_bounded
     from tuner.capture import to_graph_module
-    from tuner.load import load_program
     from tuner.passes import get_pass, pass_names
 
     try:
-        gm = to_graph_module(load_program(model))
+        gm = to_graph_module(load_bounded(model))
     except FxtuneError as exc:
         raise fail(exc) from None
     table = Table("pass", "site id", "nodes", "what")
@@ -71,12 +71,12 @@ def apply_cmd(
 ) -> None:
     """Apply passes to all their sites and save the rewritten program."""
     from tuner.apply import apply_passes, count_ops
+    from tuner.bounds import load_bounded
     from tuner.capture import save_program, to_graph_module
-    from tuner.load import load_program
 
     names = [p.strip() for p in passes.split(",") if p.strip()]
     try:
-        program = load_program(model)
+        program = load_bounded(model)
         before = count_ops(to_graph_module(program))
         result = apply_passes(program, names)
         save_program(result.to_program(), out)
@@ -178,7 +178,7 @@ def tune_cmd(
 
         tune_distributed_cmd(model, out, report, world_size, budget_s, threads, console)
         return
-    from tuner.load import load_program
+    from tuner.bounds import load_bounded
     from tuner.measure import require_timing
     from tuner.outputs import write_outputs
     from tuner.sizes import parse_sizes
@@ -197,7 +197,7 @@ def tune_cmd(
             mode=mode,  # type: ignore[arg-type]  # checked by TuneOptions
             optimizer=optimizer,
         )
-        program = load_program(model)
+        program = load_bounded(model, budget_s, options.device.kind, options.sizes)
         # The session (threads, work folder) outlives writing: the package is copied out of it.
         with _progress_printer(progress_json) as say, tuning_session(options) as session:
             outcome = tune_program(program, session, say)

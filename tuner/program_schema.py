@@ -27,7 +27,7 @@ from typing import Any
 
 from tuner.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
 from tuner.op_policy import refusal
-from tuner.sym_expr import canonical_expression, check_range_key
+from tuner.sym_expr import canonical_expression, check_guard, check_range_key
 
 MAX_DEPTH = 200
 MAX_TEXT = 4096
@@ -230,13 +230,24 @@ KEY_RULES: dict[tuple[str, str], Rule] = {
     ("ExportedProgram", "range_constraints"): lambda value, path: _range_key(value, path),
     ("PayloadConfig", "config"): _fqn,
 }
-# Fields fxtune drops: guard code is never executed (the range constraints still check sizes),
+# Fields fxtune drops: guard code is checked (`check_guard`) but never executed (the range
+# constraints still check sizes),
 # and node/module metadata (stack traces, module stacks) is not used by fxtune.
 DROPPED: dict[tuple[str, str], Any] = {
     ("ExportedProgram", "guards_code"): [],
     ("Node", "metadata"): {},
     ("GraphModule", "metadata"): {},
 }
+
+
+def _check_guards(guards: Any, path: str) -> None:
+    if not isinstance(guards, list) or len(guards) > 100_000:
+        raise _bad(path, "expected a list of guards")
+    for i, guard in enumerate(guards):
+        try:
+            check_guard(guard)
+        except UnsafeArtifactError as exc:
+            raise _bad(f"{path}[{i}]", str(exc)) from None
 
 
 def _range_key(value: str, path: str) -> str:
@@ -318,6 +329,8 @@ class _Walker:
         out: dict[str, Any] = {}
         for name, field_value in value.items():
             owner = (cls.__name__, name)
+            if owner == ("ExportedProgram", "guards_code"):
+                _check_guards(field_value, f"{path}.{name}")
             if owner in DROPPED:
                 out[name] = DROPPED[owner]
                 continue

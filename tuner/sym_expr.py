@@ -25,6 +25,7 @@ The grammar, precisely (Python's operator precedence, one comparison per level, 
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 
@@ -74,9 +75,9 @@ class Tok:
     text: str
 
 
-def _refuse(text: str, why: str) -> UnsafeArtifactError:
+def _refuse(text: str, why: str, what: str = "symbolic expression") -> UnsafeArtifactError:
     shown = text if len(text) <= 80 else text[:77] + "..."
-    return UnsafeArtifactError(f"refused symbolic expression {shown!r}: {why}")
+    return UnsafeArtifactError(f"refused {what} {shown!r}: {why}")
 
 
 def _tokens(text: str) -> list[Tok]:
@@ -302,3 +303,90 @@ def check_range_key(text: object) -> str:
     since torch only compares it with printed symbols and reads a symbol's number from it."""
     canonical_expression(text)
     return str(text)
+
+
+# Guards (`guards_code`) are checked, then dropped: fxtune never executes them (the range
+# constraints still check sizes). The check parses with `ast` (parsing runs nothing) and accepts
+# only size arithmetic over `L['input']...size()[i]`-style accessors, so a crafted guard is
+# refused rather than silently ignored.
+_GUARD_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
+_GUARD_FUNCTIONS = frozenset({"Max", "Min", "Eq", "Ne", "FloorDiv", "Mod", "PythonMod"})
+_GUARD_OPS = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+    ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Div, ast.Compare, ast.Eq,
+    ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Load,
+)  # fmt: skip
+
+
+def _guard_node(node: ast.AST, text: str) -> None:
+    if isinstance(node, ast.Constant):
+        if type(node.value) not in (int, bool, float) or abs(node.value) >= 2**63:
+            raise _refuse(text, "guards compare sizes with numbers only", "guard")
+        return
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _GUARD_METHODS:
+            if node.args or node.keywords:
+                raise _refuse(text, "size accessors take no arguments", "guard")
+            _guard_accessor(func.value, text)
+            return
+        if isinstance(func, ast.Name) and func.id in _GUARD_FUNCTIONS and not node.keywords:
+            for arg in node.args:
+                _guard_node(arg, text)
+            return
+        raise _refuse(text, "a guard calls something other than a size accessor", "guard")
+    if isinstance(node, ast.Subscript):
+        _guard_accessor(node, text)
+        return
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        right = node.right
+        if not (isinstance(right, ast.Constant) and type(right.value) is int):
+            raise _refuse(text, "exponents must be integer literals", "guard")
+        if not 0 <= right.value <= MAX_EXPONENT:
+            raise _refuse(text, f"exponents must be at most {MAX_EXPONENT}", "guard")
+        _guard_node(node.left, text)
+        return
+    if not isinstance(node, _GUARD_OPS):
+        raise _refuse(text, f"{type(node).__name__} is not accepted in a guard", "guard")
+    for child in ast.iter_child_nodes(node):
+        _guard_node(child, text)
+
+
+def _guard_accessor(node: ast.AST, text: str) -> None:
+    """`L['x']`, `L['x']['k'][0]`, `L['x'].size()[0]`: an input, maybe indexed, maybe sized."""
+    while True:
+        if isinstance(node, ast.Name) and node.id == "L":
+            return
+        if isinstance(node, ast.Subscript):
+            key = node.slice
+            if not isinstance(key, ast.Constant) or not (
+                (isinstance(key.value, str) and _IDENT_KEY.fullmatch(key.value))
+                or (type(key.value) is int and 0 <= key.value < 2**31)
+            ):
+                raise _refuse(
+                    text, "a guard indexes with something other than a name or number", "guard"
+                )
+            node = node.value
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr not in _GUARD_METHODS or node.args or node.keywords:
+                raise _refuse(text, "a guard calls something other than a size accessor", "guard")
+            node = node.func.value
+            continue
+        raise _refuse(text, "a guard reads something other than the inputs' sizes", "guard")
+
+
+_IDENT_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def check_guard(text: object) -> None:
+    """Refuse a guard outside the grammar above; a valid one is still never executed."""
+    if not isinstance(text, str):
+        raise UnsafeArtifactError("refused guard: not a string")
+    if len(text) > MAX_LENGTH or any(c in text for c in "\n\r#;\\\0"):
+        raise _refuse(text, "guards are one short line of size arithmetic", "guard")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise _refuse(text, "not a Python expression", "guard") from None
+    _guard_node(tree, text)
