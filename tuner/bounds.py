@@ -26,7 +26,7 @@ from torch.export import ExportedProgram
 from torch.utils.flop_counter import FlopCounterMode
 
 from tuner.capture import example_inputs, to_graph_module
-from tuner.errors import UnsafeArtifactError
+from tuner.errors import ArtifactFormatError, FxtuneError, InputError, UnsafeArtifactError
 from tuner.shapes import SPEC_KEY, ShapeSpec
 from tuner.sizes import default_sizes
 
@@ -226,5 +226,16 @@ def load_bounded(
     from tuner.load import load_program
 
     program = load_program(path)
-    check_bounds(program, Bounds.for_host(physical_memory_bytes(), budget_s, device_kind), sizes)
+    bounds = Bounds.for_host(physical_memory_bytes(), budget_s, device_kind)
+    try:
+        check_bounds(program, bounds, sizes)
+    except (FxtuneError, KeyError) as exc:
+        if isinstance(exc, KeyError):  # a size named for a dim this program lacks
+            raise InputError(str(exc)) from None
+        raise
+    except Exception as exc:  # the upload's shapes contradict its operators
+        raise ArtifactFormatError(
+            f"the program's shapes do not propagate through its operators "
+            f"({type(exc).__name__}: {str(exc)[:300]})"
+        ) from exc
     return program

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from service.core.config import Settings
-from tests.crafted import MARKER_ENV, hostile
+from tests.crafted import CODE_MARKER, MARKER_ENV, hostile
 from tests.service.helpers import thread_server
 
 __all__ = ["hostile"]  # the session fixture, used by name below
@@ -26,6 +26,12 @@ WHY = {
     "pickled_inputs": "sample inputs",
     "resized_weight": "graph expects",
     "overlong_weight": "which holds",
+    "expression_exec": "expr_str",
+    "guard_exec": "guards_code",
+    "name_exec": "parameter_name",
+    "zeros_bomb": "node zeros",
+    "matmul_chain": "FLOPs",
+    "strided_weight": "zero or overlapping strides",
 }
 
 
@@ -59,4 +65,5 @@ def test_a_hostile_upload_is_refused_and_leaves_nothing(
     assert WHY[name] in resp.json()["detail"]
     assert httpx.get(f"{url}/api/v1/models").json() == []
     assert not marker.exists()
+    assert not (hostile["good"].parent / CODE_MARKER).exists()
     assert not [p for p in data.rglob("*") if p.is_file() and p.suffix in (".part", ".pt2")]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from service.core.config import Settings
-from tests.crafted import MARKER_ENV, hostile
+from tests.crafted import CODE_MARKER, MARKER_ENV, hostile
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server
 from worker.client import ServiceClient
@@ -20,7 +20,17 @@ from worker.loop import Worker
 
 __all__ = ["hostile"]  # the session fixture, used by name below
 
-PLANTED = ("planted_library", "zip_bomb", "from_file", "pickled_inputs")
+PLANTED = (
+    "planted_library",
+    "zip_bomb",
+    "from_file",
+    "pickled_inputs",
+    "expression_exec",
+    "guard_exec",
+    "name_exec",
+    "zeros_bomb",
+    "matmul_chain",
+)
 
 
 @pytest.fixture
@@ -70,4 +80,5 @@ def test_a_live_worker_refuses_planted_models_and_leaves_nothing(
         assert job["status"] == "failed" and job["attempts"] == 1, (name, job)
         assert "refused" in job["error"], (name, job["error"])
     assert not marker.exists()
+    assert not (hostile["good"].parent / CODE_MARKER).exists()
     assert list(scratch.iterdir()) == []  # job folders, temp files and caches all removed

@@ -1,0 +1,154 @@
+"""A mutation fuzzer over real programs' JSON: every string field gets payloads of each class
+(code in expressions, guards and names; quotes, newlines, huge text), every number extremes, and
+objects unknown keys. For each mutant, what `fxtune sites` does (safe load, resource bounds,
+capture, every pass's site search) must end in fxtune's own refusal or a clean run, with no
+marker file and memory under a cap.
+
+FXTUNE_FUZZ_EXAMPLES sets the number of cases (default 120 in the suite).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.crafted import dynamic_program, good_program, rewrite
+from tuner.bounds import load_bounded
+from tuner.capture import to_graph_module
+from tuner.errors import FxtuneError
+from tuner.passes import get_pass, pass_names
+
+EXAMPLES = int(os.environ.get("FXTUNE_FUZZ_EXAMPLES", "120"))
+MEMORY_CAP_KB = 3 * 1024**2
+Path_ = tuple[Any, ...]
+
+
+def _payloads(marker: Path) -> list[str]:
+    code = f"open({str(marker)!r}, 'w').write('pwned')"
+    hexed = ", ".join(str(b) for b in code.encode())
+    return [
+        f"(exec({code!r}) or 0)*0 + 16",
+        f"__import__('builtins').exec({code!r})",
+        f"Symbol('s0') + exec({code!r})",
+        f'True #\n, "x")\n  {code}\n  torch._assert(True',
+        f"L['x'].size()[0] == 2 or exec({code!r})",
+        f'w", exec(bytes(({hexed},)))) or getattr(self, "w',
+        f"x\n{code}\n",
+        'a"b',
+        "a'b",
+        "s0 ** 99999999",
+        "PowByNatural(10, 999999999)",
+        "9" * 5000,
+        "u99999999999",
+        "",
+        "é" * 3,
+        "torch.ops.aten.from_file.default",
+        "torch.ops.evil.op.default",
+        "builtins.eval",
+        '[1, {"type": "collections.defaultdict", "context": "{}", "children_spec": []}]',
+        "x" * 100_000,
+    ]
+
+
+NUMBERS = [0, -1, 1, 2**31, 2**63 - 1, -(2**63), 2**64, 10**30, 1.5, None, True, "NaN"]
+
+
+def _leaves(obj: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
+    if isinstance(obj, dict):
+        yield path, obj
+        for k, v in obj.items():
+            yield (*path, ("key", k)), k
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, obj
+
+
+def _set(obj: Any, path: Path_, value: Any) -> None:
+    *parents, last = path
+    for p in parents:
+        obj = obj[p]
+    if isinstance(last, tuple) and last[0] == "key":
+        obj[value if isinstance(value, str) else str(value)] = obj.pop(last[1])
+    elif isinstance(obj[last], dict) and not isinstance(value, dict):
+        obj[last]["fxtune_fuzz_unknown_key"] = value
+    else:
+        obj[last] = value
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("fuzz")
+    out = {}
+    for name, build in (("static", good_program), ("dynamic", dynamic_program)):
+        path = build(root / f"{name}.pt2")
+        with zipfile.ZipFile(path) as zf:
+            member = next(n for n in zf.namelist() if n.endswith("models/model.json"))
+            out[name] = (path, json.loads(zf.read(member)))
+    return out
+
+
+def _sites(path: Path) -> int:
+    """What `fxtune sites` runs on a file."""
+    gm = to_graph_module(load_bounded(path))
+    return sum(len(get_pass(name).find_sites(gm)) for name in pass_names())
+
+
+counts = {"cases": 0, "refused": 0, "clean": 0}
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_no_mutant_runs_code_or_escapes_fxtunes_errors(
+    bases: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path, data: st.DataObject
+) -> None:
+    base_name = data.draw(st.sampled_from(sorted(bases)))
+    src, program = bases[base_name]
+    mutant = json.loads(json.dumps(program))
+    marker = tmp_path / "marker"
+    leaves = [(p, v) for p, v in _leaves(program) if p]
+    for _ in range(data.draw(st.integers(1, 3))):
+        path, old = data.draw(st.sampled_from(leaves))
+        if isinstance(old, str):
+            value = data.draw(st.sampled_from(_payloads(marker)))
+        else:
+            value = data.draw(st.sampled_from(NUMBERS + _payloads(marker)[:3]))
+        try:
+            _set(mutant, path, value)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation replaced the parent
+    dst = tmp_path / f"mutant-{counts['cases']}.pt2"
+    raw = json.dumps(mutant).encode()
+    rewrite(src, dst, lambda n, d: raw if n.endswith("models/model.json") else d)
+    counts["cases"] += 1
+    try:
+        _sites(dst)
+        counts["clean"] += 1
+    except FxtuneError:
+        counts["refused"] += 1
+    assert not marker.exists(), f"a mutant ran code: {path}"
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert peak_kb < MEMORY_CAP_KB, f"memory reached {peak_kb // 1024} MiB"
+
+
+def test_zz_the_fuzzer_ran_and_refused_most(capsys: pytest.CaptureFixture[str]) -> None:
+    """Named to run after the fuzzer: it really ran, and most payloads were refused."""
+    with capsys.disabled():
+        print(f"\nfuzz: {counts}")
+    if counts["cases"]:
+        assert counts["refused"] > counts["cases"] // 2
