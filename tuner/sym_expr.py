@@ -220,7 +220,7 @@ class _Parser:
         if tok.kind == "op" and tok.text == "(":
             inner = self.expr()
             self.take(")")
-            return f"({inner})"
+            return inner if _wrapped(inner) else f"({inner})"
         if tok.kind == "name":
             if self.peek().text == "(":
                 return self.call(tok.text)
@@ -287,6 +287,18 @@ class _Parser:
 
     def assumptions(self) -> list[str]:
         return self.keywords(ASSUMPTIONS)
+
+
+def _wrapped(text: str) -> bool:
+    """Whether `text` is one parenthesized group, as the printer makes every operation."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return False
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(text) - 1:
+            return False
+    return True
 
 
 def canonical_expression(text: object) -> str:
