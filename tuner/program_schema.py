@@ -194,7 +194,7 @@ STRING_RULES: dict[tuple[str, str], Rule] = {
     ("Argument", "as_string"): text,
     ("Argument", "as_strings"): text,
     ("Argument", "as_operator"): operator_target,
-    ("NamedArgument", "name"): identifier,
+    ("NamedArgument", "name"): lambda value, path: value and identifier(value, path),  # HOPs: ""
     ("Node", "target"): operator_target,
     ("Node", "name"): identifier,
     ("ConstantValue", "as_string"): text,
