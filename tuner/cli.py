@@ -260,14 +260,14 @@ def profile_cmd(
     ] = None,
 ) -> None:
     """Profile MODEL on its example inputs: time by op category, ops, kernels, overhead, memory."""
+    from tuner.bounds import load_bounded
     from tuner.capture import example_inputs
-    from tuner.load import load_program
     from tuner.profile import profile_callable, profileable
     from tuner.profiling.report import breakdown_table, figure_lines, top_ops_table
 
     try:
         profileable(device)
-        program = load_program(model)
+        program = load_bounded(model, device_kind=device.kind)
         on = device.torch_device
         inputs = [x.to(on) if hasattr(x, "to") else x for x in example_inputs(program)]
         module = program.module().to(on)
