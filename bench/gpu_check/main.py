@@ -18,7 +18,9 @@ Exit status: 0 when every row is ok (or nothing could be checked), 1 otherwise, 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-s", type=float, default=None, help="per timed comparison")
     p.add_argument("--service-budget-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=None, help="the whole run's limit")
+    p.add_argument("--keep-work", action="store_true", help="keep the work folder (models, traces)")
     p.add_argument(
         "--row-slack-s",
         type=float,
@@ -128,22 +131,41 @@ def main(argv: list[str] | None = None) -> int:
         tables.write(args.out, doc)
         print(doc["status"], file=sys.stderr)
         return 4
-    from bench.gpu_check.cuda_tests import check_cuda_tests
-    from bench.run import PEERS
-
     cuda = device.kind == "cuda"
-    deadline_s = args.deadline_s or (450.0 if cuda else 1800.0)
-    slack_s = args.row_slack_s or (150.0 if cuda else 600.0)
     base_job = {
+        "deadline_s": args.deadline_s or (450.0 if cuda else 1800.0),
         "device": str(device),
         "compare_s": args.compare_s or (1.5 if cuda else 0.3),
         "tune_budget_s": args.tune_budget_s if args.tune_budget_s else (None if cuda else 3.0),
         "service_budget_s": args.service_budget_s or (10.0 if cuda else 3.0),
         "peers": args.peers,
     }
-    work = args.out / "work"
-    work.mkdir(parents=True, exist_ok=True)
+    # Models, packages and traces stay out of OUT (it comes back from a GPU machine): only the
+    # logs and reports are copied there at the end.
+    work = Path(tempfile.mkdtemp(prefix="fxtune-gpu-check-"))
     base_job["work"] = str(work)
+    try:
+        return _run_rows(args, device, base_job, work, started, clock)
+    finally:
+        _keep_logs(work, args.out)
+        if not args.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_rows(
+    args: argparse.Namespace,
+    device: Any,
+    base_job: dict[str, Any],
+    work: Path,
+    started: str,
+    clock: float,
+) -> int:
+    from bench.gpu_check.cuda_tests import check_cuda_tests
+    from bench.run import PEERS
+
+    cuda = device.kind == "cuda"
+    deadline_s = base_job["deadline_s"]
+    slack_s = args.row_slack_s or (150.0 if cuda else 600.0)
     peers = [p for p in PEERS[device.kind] if args.peers is None or p in args.peers]
     doc: dict[str, Any] = {"started": started, **_machine(device), "peers": peers,
                            "deadline_s": deadline_s, "models": [], "checks": []}  # fmt: skip
@@ -169,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu-check] {name}: {row['status']} ({row.get('wall_s', 0):.0f} s)", flush=True)
         target.append(row)
         tables.write(args.out, _finished(doc, clock, cuda))  # a partial table if the run is cut
+    _relative_logs(doc, work)
     json_path, md_path = tables.write(args.out, _finished(doc, clock, cuda))
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
@@ -183,3 +206,26 @@ def _finished(doc: dict[str, Any], clock: float, cuda: bool) -> dict[str, Any]:
     doc["status"] = f"{what}: {ok} of {len(rows)} rows ok"
     doc["wall_s"] = round(time.monotonic() - clock, 1)
     return doc
+
+
+LOGS = "logs"
+KEPT = (".log", ".json", ".xml")
+MAX_KEPT_BYTES = 8 << 20
+
+
+def _keep_logs(work: Path, out: Path) -> None:
+    """Copy each row's logs, job, row and tuning report from the work folder to OUT/logs."""
+    for path in work.rglob("*"):
+        if path.is_file() and path.suffix in KEPT and path.stat().st_size <= MAX_KEPT_BYTES:
+            target = out / LOGS / path.relative_to(work)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+
+
+def _relative_logs(doc: dict[str, Any], work: Path) -> None:
+    """Rows name their logs as they will be in OUT (`logs/...`), not in the work folder."""
+    for row in doc["models"] + doc["checks"]:
+        for holder in (row, row.get("tune") or {}):
+            log = holder.get("log")
+            if log and Path(log).is_relative_to(work):
+                holder["log"] = str(Path(LOGS) / Path(log).relative_to(work))

@@ -16,11 +16,12 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: without it the check still reports
+    import torch
 
-Inputs = tuple[torch.Tensor, ...]
+Inputs = tuple["torch.Tensor", ...]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class ModelSpec:
 def _like(inputs: Inputs, seed: int) -> Inputs:
     """Fresh tensors shaped as `inputs`: floats from a normal, integers uniform in [0, max]
     (token ids stay in the vocabulary, a 0/1 mask stays a mask)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     out = []
     for x in inputs:
