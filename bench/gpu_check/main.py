@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-budget-s", type=float, default=None, help="every model's budget")
     p.add_argument("--compare-s", type=float, default=None, help="per timed comparison")
     p.add_argument("--service-budget-s", type=float, default=None)
+    p.add_argument("--service-model", default="bert_mini", choices=list(REGISTRY))
     p.add_argument("--deadline-s", type=float, default=None, help="the whole run's limit")
     p.add_argument("--keep-work", action="store_true", help="keep the work folder (models, traces)")
     p.add_argument(
@@ -135,10 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     base_job = {
         "deadline_s": args.deadline_s or (450.0 if cuda else 1800.0),
         "device": str(device),
-        "compare_s": args.compare_s or (1.5 if cuda else 0.3),
+        "compare_s": args.compare_s or (1.5 if cuda else 1.0),
         "tune_budget_s": args.tune_budget_s if args.tune_budget_s else (None if cuda else 3.0),
         "service_budget_s": args.service_budget_s or (10.0 if cuda else 3.0),
         "peers": args.peers,
+        "service_model": args.service_model,
     }
     # Models, packages and traces stay out of OUT (it comes back from a GPU machine): only the
     # logs and reports are copied there at the end.

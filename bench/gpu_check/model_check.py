@@ -71,6 +71,14 @@ def _figures(summary: dict[str, float]) -> dict[str, Any]:
     return {**summary, "text": "-" if speed is None else f"{speed:.2f}x {interval}"}
 
 
+def _status(mismatch: str | None, speedups: dict[str, Any]) -> str:
+    """ "ok" when the outputs match and every comparison timed at least one round."""
+    if mismatch is not None:
+        return "wrong outputs"
+    untimed = [k for k, f in speedups.items() if not f["rounds"]]
+    return f"no timing rounds against {', '.join(untimed)}" if untimed else "ok"
+
+
 def check_model(job: dict[str, Any], spec: ModelSpec, row: Row) -> None:
     """Fill `row` for one model, stage by stage (see `bench.gpu_check.isolate`)."""
     from tuner.config import apply_config
@@ -186,7 +194,7 @@ def _check_infer(
             base = partial(runner, *inputs)
             speedups[peer] = _figures(ratio(base, ours, job["compare_s"], device))
             row.stage("timing", speedups=speedups)
-    row.data["status"] = "ok" if mismatch is None else "wrong outputs"
+    row.data["status"] = _status(mismatch, speedups)
     row.stage("done")
 
 
@@ -247,5 +255,5 @@ def _check_train(
     speedups["torch.compile"] = _figures(
         ratio(partial(compiled.step, *inputs), ours, job["compare_s"], device)
     )
-    row.data["status"] = "ok" if mismatch is None else "wrong outputs"
+    row.data["status"] = _status(mismatch, speedups)
     row.stage("done", speedups=speedups)

@@ -1,8 +1,9 @@
 """The service end to end with a worker on the device, then `load_tuned` on that device.
 
 `fxtune serve --embedded-worker --worker-device D` on loopback (SQLite in a throw-away folder),
-`fxtune submit MODEL --device KIND --wait` of the CNN example (bias-free convs and batch norms:
-fold_conv_bn's device path), then `load_tuned(MODEL, server=..., device=D)`: it must apply the
+`fxtune submit MODEL --device KIND --wait` of one registry model (bert_mini by default: a
+transformers program with devices baked in at export, which `load_tuned` must move with the
+weights), then `load_tuned(MODEL, server=..., device=D)`: it must apply the
 config without falling back (no FxtuneClientWarning) and answer as the original does on fresh
 inputs. Runs in its own process (`bench.gpu_check.isolate`).
 """
@@ -20,8 +21,6 @@ from bench.gpu_check.isolate import REPO, Row, child_env, signal_status
 from bench.gpu_check.models import REGISTRY
 from tuner.device import Device
 
-MODEL = "cnn"
-
 
 def check_service(job: dict[str, Any], row: Row) -> None:
     from service.launch import serve_process
@@ -29,11 +28,12 @@ def check_service(job: dict[str, Any], row: Row) -> None:
     from tuner.measure import check_outputs
     from tuner.tune import output_errors
 
+    model = job["service_model"]
     device = Device.parse(job["device"])
     work = Path(job["work"]) / "service"
     work.mkdir(parents=True, exist_ok=True)
-    row.stage("building", model=MODEL, device=str(device))
-    built = REGISTRY[MODEL].build(work)
+    row.stage("building", model=model, device=str(device))
+    built = REGISTRY[model].build(work)
     env = {
         k: v for k, v in child_env().items() if k not in ("FXTUNE_DATABASE_URL", "FXTUNE_API_TOKEN")
     }

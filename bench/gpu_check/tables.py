@@ -54,7 +54,7 @@ def _details(r: dict[str, Any]) -> str:
     if r["name"] == "pytest -m cuda":
         counts = ("tests", "passed", "skipped", "failures", "errors")
         return ", ".join(f"{k} {r[k]}" for k in counts if k in r) + f" ({r.get('files')} files)"
-    parts = []
+    parts = [f"model {r['model']}"] if r.get("model") else []
     if r.get("submit"):
         parts.append(f"submit --wait exit {r['submit']['rc']} in {r['submit']['wall_s']:.0f} s")
     if r.get("load_tuned"):

@@ -31,7 +31,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "--checks", "models", "--models",
         "--model", "segv=tests.bench.gpu_check_models:SEGFAULTING",
         "--model", "mlp_dynamic=bench.gpu_check.models:REGISTRY.mlp_dynamic",
-        "--peers", "torch.compile", "--tune-budget-s", "2", "--compare-s", "0.3",
+        "--peers", "torch.compile", "--tune-budget-s", "2", "--compare-s", "1",
     ]  # fmt: skip
     done = subprocess.run(
         cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
