@@ -184,7 +184,7 @@ def _run_rows(
             row = check_cuda_tests(work, cuda, timeout_s=min(180.0, left))
         elif kind == "service":
             job = {**base_job, "kind": "service", "name": "service"}
-            row = run_isolated(job, work, min(300.0, left))
+            row = run_isolated(job, work, min(base_job["service_budget_s"] + 200.0, left))
             row["name"] = name
         else:
             budget = base_job["tune_budget_s"] or resolve(spec).budget_s
@@ -215,10 +215,20 @@ KEPT = (".log", ".json", ".xml")
 MAX_KEPT_BYTES = 8 << 20
 
 
+def _kept(path: Path, work: Path) -> bool:
+    """Logs, jobs, rows and tuning reports; not profiler traces (megabytes each) nor the
+    service's own data folder."""
+    if not path.is_file() or path.suffix not in KEPT or path.name.endswith(".trace.json"):
+        return False
+    if path.relative_to(work).parts[:2] == ("service", "data"):
+        return False
+    return path.stat().st_size <= MAX_KEPT_BYTES
+
+
 def _keep_logs(work: Path, out: Path) -> None:
     """Copy each row's logs, job, row and tuning report from the work folder to OUT/logs."""
     for path in work.rglob("*"):
-        if path.is_file() and path.suffix in KEPT and path.stat().st_size <= MAX_KEPT_BYTES:
+        if _kept(path, work):
             target = out / LOGS / path.relative_to(work)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)

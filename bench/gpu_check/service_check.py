@@ -21,6 +21,8 @@ from bench.gpu_check.isolate import REPO, Row, child_env, signal_status
 from bench.gpu_check.models import REGISTRY
 from tuner.device import Device
 
+SUBMIT_SLACK_S = 120.0  # beyond the tuning budget: upload, claim, the worker's child, writing
+
 
 def check_service(job: dict[str, Any], row: Row) -> None:
     from service.launch import serve_process
@@ -47,12 +49,26 @@ def check_service(job: dict[str, Any], row: Row) -> None:
             "--device", device.kind, "--budget-s", str(job["service_budget_s"]), "--wait",
         ]  # fmt: skip
         started = time.monotonic()
-        with (work / "submit.log").open("w") as out:
-            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=out).returncode
+        # A job handed back (a worker without the device exits 4) would be waited on forever.
+        wait_s = job["service_budget_s"] + SUBMIT_SLACK_S
+        try:
+            with (work / "submit.log").open("w") as out:
+                done = subprocess.run(
+                    cmd, cwd=REPO, env=env, stdout=out, stderr=out, timeout=wait_s
+                )
+            code: int | None = done.returncode
+        except subprocess.TimeoutExpired:
+            code = None
         submit = {"rc": code, "wall_s": round(time.monotonic() - started, 1)}
         row.stage("load_tuned", submit=submit)
         if code != 0:
-            why = signal_status(code) if code < 0 else f"exit {code}"
+            why = (
+                f"no result in {wait_s:.0f} s"
+                if code is None
+                else signal_status(code)
+                if code < 0
+                else f"exit {code}"
+            )
             tail = (work / "submit.log").read_text(errors="replace").strip().splitlines()[-2:]
             row.data["status"] = f"fxtune submit --wait: {why}: {' / '.join(tail)[:300]}"
             row.stage("done")

@@ -56,7 +56,8 @@ def _details(r: dict[str, Any]) -> str:
         return ", ".join(f"{k} {r[k]}" for k in counts if k in r) + f" ({r.get('files')} files)"
     parts = [f"model {r['model']}"] if r.get("model") else []
     if r.get("submit"):
-        parts.append(f"submit --wait exit {r['submit']['rc']} in {r['submit']['wall_s']:.0f} s")
+        rc = r["submit"]["rc"]
+        parts.append(f"submit --wait exit {_num(rc, '{}')} in {r['submit']['wall_s']:.0f} s")
     if r.get("load_tuned"):
         lt = r["load_tuned"]
         parts.append(
