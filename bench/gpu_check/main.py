@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     base_job = {
         "deadline_s": args.deadline_s or (450.0 if cuda else 1800.0),
         "device": str(device),
-        "compare_s": args.compare_s or (1.5 if cuda else 1.0),
+        "compare_s": args.compare_s or 1.0,
         "tune_budget_s": args.tune_budget_s if args.tune_budget_s else (None if cuda else 3.0),
         "service_budget_s": args.service_budget_s or (10.0 if cuda else 3.0),
         "peers": args.peers,

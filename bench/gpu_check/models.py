@@ -131,15 +131,15 @@ REGISTRY: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         ModelSpec("recsys", recsys, budget_s=45),
-        ModelSpec("cnn", cnn, budget_s=20),
-        ModelSpec("transformer", transformer, budget_s=20),
-        ModelSpec("bert_mini", bert_mini, budget_s=25),
-        ModelSpec("vit_tiny", vit_tiny, budget_s=25),
-        ModelSpec("mlp_dynamic", mlp_dynamic, budget_s=20),
+        ModelSpec("cnn", cnn, budget_s=15),
+        ModelSpec("transformer", transformer, budget_s=15),
+        ModelSpec("bert_mini", bert_mini, budget_s=20),
+        ModelSpec("vit_tiny", vit_tiny, budget_s=20),
+        ModelSpec("mlp_dynamic", mlp_dynamic, budget_s=15),
         ModelSpec(
             "transformer_train",
             transformer_train,
-            budget_s=20,
+            budget_s=15,
             mode="train",
             tune_args=("--mode", "train", "--optimizer", "sgd"),
         ),

@@ -68,12 +68,15 @@ def test_the_cpu_dry_run_tunes_compares_and_times_each_model(dry_run: dict[str, 
     assert row["backend"] in ("eager", "inductor", "compile") and row["verified"]
     assert row["outputs"] == "equal" and row["max_abs_error"] < 1e-4
     assert set(row["speedups"]) == {"eager", "torch.compile"}
-    assert all(s["speedup"] > 0 and s["rounds"] > 0 for s in row["speedups"].values())
+    # A loaded CPU may end a 1 s comparison before its first round: then the figure is open.
+    for figures in row["speedups"].values():
+        assert (figures["speedup"] > 0) if figures["rounds"] else figures["speedup"] is None
     assert row["ops_per_iter"]["baseline"] > 0  # from the report's profiles
     line = next(ln for ln in dry_run["markdown"].splitlines() if ln.startswith("| mlp_dynamic |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == ["mlp_dynamic", "ok", "0"]
-    assert re.fullmatch(r"\d+\.\d\dx (\[.+, .+\]|\(open\))", cells[7])  # x eager, interval
+    assert cells[7] == row["speedups"]["eager"]["text"]  # x eager: ratio and interval
+    assert re.fullmatch(r"\d+\.\d\dx (\[.+, .+\]|\(open\))|-", cells[7])
     assert (dry_run["out"] / row["tune"]["log"]).is_file()  # logs kept in OUT, work removed
 
 
