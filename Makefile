@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo demo-serve serve bench clean
+.PHONY: venv test lint demo demo-serve serve bench gpu-check clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,14 @@ bench: venv
 	$(PY) -m bench.overlap
 	$(PY) -m bench.gloo_async
 	$(PY) -m bench.train --threads 1
+
+# Every CUDA path end to end, into OUT/gpu-check.json and .md (issue 22). Not through the venv:
+# on a GPU host it runs the machine's own torch (bench/gpu_check.sh says how it picks). Without
+# CUDA it writes "no CUDA device: nothing checked" and exits 0; GPU_CHECK_ARGS="--device cpu"
+# is a dry run of the harness on the CPU.
+OUT ?= bench/out/gpu-check
+gpu-check:
+	bash bench/gpu_check.sh $(OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -19,7 +19,7 @@ import copy
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -75,9 +75,15 @@ def built_now(module: Callable[..., Any], inputs: tuple[Any, ...]) -> Callable[.
 
 
 def peers(
-    device: Device, program: Any, inputs: tuple[Any, ...], work: Path, name: str
+    device: Device,
+    program: Any,
+    inputs: tuple[Any, ...],
+    work: Path,
+    name: str,
+    names: Sequence[str] | None = None,
 ) -> dict[str, Callable[..., Any]]:
-    """The original under each peer of `device`, built and ready to time."""
+    """The original under each peer of `device` (or those of them in `names`: a quick check
+    skips the slow ones), built and ready to time."""
     made: dict[str, Callable[[], Callable[..., Any]]] = {
         "torch.compile": lambda: torch.compile(program.module()),
         "reduce-overhead": lambda: torch.compile(program.module(), mode="reduce-overhead"),
@@ -86,7 +92,8 @@ def peers(
         ),
         "CUDA graph": lambda: GraphedModule(program.module()),
     }
-    return {peer: built_now(made[peer](), inputs) for peer in PEERS[device.kind]}
+    chosen = [p for p in PEERS[device.kind] if names is None or p in names]
+    return {peer: built_now(made[peer](), inputs) for peer in chosen}
 
 
 def _speed(x: float | None) -> str:

@@ -124,6 +124,21 @@ def postgres() -> Iterator[Postgres]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` skip where torch sees no CUDA device (`pytest -m cuda` selects them
+    on a GPU machine, and `make gpu-check` runs them there)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in marked:
+        item.add_marker(skip)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The same test on the embedded default (SQLite) and the scale-out backend (PostgreSQL)."""

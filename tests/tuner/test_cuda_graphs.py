@@ -13,8 +13,6 @@ from tuner import backends
 from tuner.cuda_graphs import GraphedModule
 from tuner.device import Device
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 class Recorded:
     """What a CUDA graph does, on the CPU: replay recomputes from the static input buffers into
@@ -92,7 +90,7 @@ def test_the_cuda_backends_exist_only_on_cuda() -> None:
     assert backends.deployed("eager", plain) is plain
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_a_real_cuda_graph_replays_the_module() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)]).cuda().eval()

@@ -23,8 +23,6 @@ from worker.client import Assignment, ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def _present(name: str, indexed: bool = True) -> DeviceKind:
     return DeviceKind(name, indexed=indexed, missing=lambda d: None)
@@ -111,7 +109,7 @@ def test_options_hold_a_parsed_device() -> None:
         TuneOptions(device="cuda:one")
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_timing_and_profiling_stay_on_the_indexed_gpu(tmp_path: Path) -> None:
     last = Device("cuda", torch.cuda.device_count() - 1)
     x = torch.randn(64, 64, device=last.torch_device)
@@ -121,7 +119,7 @@ def test_timing_and_profiling_stay_on_the_indexed_gpu(tmp_path: Path) -> None:
     assert summary.device == str(last) and summary.peak_memory_bytes
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_tuner_measures_on_the_indexed_gpu(tmp_path: Path) -> None:
     last = f"cuda:{torch.cuda.device_count() - 1}"
     tiny_program(tmp_path / "m.pt2")

@@ -116,12 +116,15 @@ def test_cpu_timing_pins_threads_and_reports_them() -> None:
     assert torch.get_num_threads() == before
 
 
-def test_cuda_timing_or_a_clear_error() -> None:
-    if torch.cuda.is_available():
-        y = X.cuda()
-        c = compare(lambda: y @ y, lambda: y @ y, device="cuda", budget_s=0.5)
-        assert c.device == "cuda" and c.rounds > 0 and c.threads is None
-    else:
+@pytest.mark.cuda
+def test_cuda_timing() -> None:
+    y = X.cuda()
+    c = compare(lambda: y @ y, lambda: y @ y, device="cuda", budget_s=0.5)
+    assert c.device == "cuda" and c.rounds > 0 and c.threads is None
+
+
+def test_timing_on_a_missing_or_unknown_device_is_a_clear_error() -> None:
+    if not torch.cuda.is_available():
         with pytest.raises(DeviceUnavailableError, match="cuda"):
             compare(matmul, matmul, device="cuda")
     with pytest.raises(UnsupportedDeviceError, match="meta"):

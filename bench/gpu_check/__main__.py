@@ -1,0 +1,3 @@
+from bench.gpu_check.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""`make gpu-check`'s harness, run for real on the CPU: its dry run and its crash isolation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench.gpu_check import main as gpu_check
+from bench.gpu_check.isolate import REPO, child_env
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the dry run is for machines without a GPU"
+)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One dry run of two models: one that segfaults while it builds, then the dynamic MLP
+    with tiny budgets and one peer (torch.compile; AOTInductor would take minutes here)."""
+    out = tmp_path_factory.mktemp("gpu-check")
+    cmd = [
+        sys.executable, "-m", "bench.gpu_check", "--out", str(out), "--device", "cpu",
+        "--checks", "models", "--models",
+        "--model", "segv=tests.bench.gpu_check_models:SEGFAULTING",
+        "--model", "mlp_dynamic=bench.gpu_check.models:REGISTRY.mlp_dynamic",
+        "--peers", "torch.compile", "--tune-budget-s", "2", "--compare-s", "1",
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
+    )
+    return {
+        "rc": done.returncode,
+        "output": done.stdout + done.stderr,
+        "doc": json.loads((out / "gpu-check.json").read_text()),
+        "markdown": (out / "gpu-check.md").read_text(),
+        "out": out,
+    }
+
+
+def _rows(dry_run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in dry_run["doc"]["models"]}
+
+
+def test_a_model_killed_by_a_signal_is_a_crashed_row_and_the_next_still_runs(
+    dry_run: dict[str, Any],
+) -> None:
+    rows = _rows(dry_run)
+    assert list(rows) == ["segv", "mlp_dynamic"], dry_run["output"]
+    assert rows["segv"]["status"] == "crashed: signal 11 (SIGSEGV) during building"
+    assert rows["mlp_dynamic"]["status"] == "ok", dry_run["output"]
+    assert "| segv | crashed: signal 11 (SIGSEGV) during building |" in dry_run["markdown"]
+    assert dry_run["rc"] == 1  # not every row is ok
+
+
+def test_the_cpu_dry_run_tunes_compares_and_times_each_model(dry_run: dict[str, Any]) -> None:
+    doc, row = dry_run["doc"], _rows(dry_run)["mlp_dynamic"]
+    assert doc["status"] == "dry run on the CPU (no GPU figures): 1 of 2 rows ok"
+    assert doc["device"] == "cpu" and doc["peers"] == ["torch.compile"]
+    assert row["tune"]["rc"] == 0 and row["tune"]["wall_s"] > 0
+    assert row["backend"] in ("eager", "inductor", "compile") and row["verified"]
+    assert row["outputs"] == "equal" and row["max_abs_error"] < 1e-4
+    assert set(row["speedups"]) == {"eager", "torch.compile"}
+    # A loaded CPU may end a 1 s comparison before its first round: then the figure is open.
+    for figures in row["speedups"].values():
+        assert (figures["speedup"] > 0) if figures["rounds"] else figures["speedup"] is None
+    assert row["ops_per_iter"]["baseline"] > 0  # from the report's profiles
+    line = next(ln for ln in dry_run["markdown"].splitlines() if ln.startswith("| mlp_dynamic |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["mlp_dynamic", "ok", "0"]
+    assert cells[7] == row["speedups"]["eager"]["text"]  # x eager: ratio and interval
+    assert re.fullmatch(r"\d+\.\d\dx (\[.+, .+\]|\(open\))|-", cells[7])
+    assert (dry_run["out"] / row["tune"]["log"]).is_file()  # logs kept in OUT, work removed
+
+
+def test_without_cuda_it_reports_nothing_checked_and_exits_0(tmp_path: Path) -> None:
+    assert gpu_check.main(["--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert doc["status"].startswith("no CUDA device: nothing checked")
+    assert "no CUDA device: nothing checked" in (tmp_path / "gpu-check.md").read_text()
+    assert set(os.listdir(tmp_path)) == {"gpu-check.json", "gpu-check.md"}
