@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from service.analysis import program_analysis
 from service.api.browser import BrowserGuard
 from service.api.config_cache import ConfigCache
 from service.api.config_fast_path import ConfigFastPath
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.artifacts = artifacts
         app.state.config_cache = ConfigCache(settings.config_cache_ttl_s)
+        app.state.analysis = program_analysis(settings)
         reaper = asyncio.create_task(reap_forever(store, settings.reap_interval_s))
         try:
             yield

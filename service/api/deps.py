@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.analysis import ProgramAnalysis
 from service.api.config_cache import ConfigCache
 from service.artifacts import ArtifactStore
 from service.core.config import Settings
@@ -38,10 +39,15 @@ async def get_config_cache(request: Request) -> ConfigCache:
     return request.app.state.config_cache
 
 
+async def get_analysis(request: Request) -> ProgramAnalysis:
+    return request.app.state.analysis
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[AbstractStore, Depends(get_store)]
 ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifacts)]
 ConfigCacheDep = Annotated[ConfigCache, Depends(get_config_cache)]
+AnalysisDep = Annotated[ProgramAnalysis, Depends(get_analysis)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 

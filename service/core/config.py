@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -47,6 +47,17 @@ class Settings(BaseSettings):
     retry_backoff_s: float = Field(default=10, ge=0)
     retry_backoff_max_s: float = Field(default=600, ge=0)
     reap_interval_s: float = Field(default=5, gt=0)
+    analysis_memory_mb: int = Field(
+        default=8192,
+        ge=512,
+        description="Address-space cap of the child that checks an uploaded or tuned program",
+    )
+    analysis_cpu_s: int = Field(default=600, ge=10, description="CPU-time cap of that child")
+    analysis_wall_s: float = Field(default=300, gt=0, description="Wall-clock cap of that child")
+    analysis_sandbox: Literal["auto", "bwrap", "none"] = Field(
+        default="auto",
+        description="bubblewrap around that child: auto (where it runs), bwrap (required), none",
+    )
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

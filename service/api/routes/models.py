@@ -15,7 +15,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from service.analysis import UnloadableProgram
 from service.api.deps import (
+    AnalysisDep,
     ArtifactsDep,
     ConfigCacheDep,
     Reader,
@@ -39,7 +41,6 @@ from service.api.schemas import (
     UploadOptions,
 )
 from service.distributed import RankModelsError, check_rank_models
-from service.programs import UnloadableProgram, fingerprint_of
 from service.store import ConfigSummary, StoredConfig
 from tuner.config import Mode
 from tuner.device import KINDS
@@ -117,6 +118,7 @@ async def upload_model(
     store: StoreDep,
     artifacts: ArtifactsDep,
     settings: SettingsDep,
+    analysis: AnalysisDep,
 ) -> ModelOut:
     """Upload a `.pt2` (multipart field `file`); `tune=true` queues a job at once."""
     cap = int(settings.max_upload_mb * MB)
@@ -139,7 +141,7 @@ async def upload_model(
         except UnsafeArtifactError as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         try:
-            fingerprint = await run_in_threadpool(fingerprint_of, spool.path)
+            fingerprint = await run_in_threadpool(analysis.fingerprint, spool.path)
         except UnloadableProgram as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         name = display_name(options.name, spool.filename, spool.sha256)

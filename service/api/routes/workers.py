@@ -14,8 +14,16 @@ import zipfile
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
+from service.analysis import ProgramAnalysis, UnloadableProgram
 from service.api.config_cache import ConfigCache
-from service.api.deps import ArtifactsDep, ConfigCacheDep, SettingsDep, StoreDep, WorkerAuth
+from service.api.deps import (
+    AnalysisDep,
+    ArtifactsDep,
+    ConfigCacheDep,
+    SettingsDep,
+    StoreDep,
+    WorkerAuth,
+)
 from service.api.errors import errors
 from service.api.multipart import StreamedForm, missing_field, read_form
 from service.api.schemas import (
@@ -31,9 +39,8 @@ from service.api.schemas import (
 )
 from service.artifacts import ArtifactStore, Spool
 from service.distributed import program_field, rank_results
-from service.programs import UnloadableProgram, check_loadable, fingerprint_of
 from service.reports import ReportError, load_json_report, load_report, tuning_result
-from service.store import AbstractStore, Job, NotFound, StaleLease, TuningResult
+from service.store import AbstractStore, Job, Model, NotFound, StaleLease, TuningResult
 
 router = APIRouter(tags=["workers"], dependencies=[WorkerAuth])
 
@@ -119,6 +126,7 @@ async def complete(
     artifacts: ArtifactsDep,
     settings: SettingsDep,
     cache: ConfigCacheDep,
+    analysis: AnalysisDep,
 ) -> JobOut:
     """Upload report.json, the tuned program and optional AOTI package and traces.
 
@@ -137,7 +145,7 @@ async def complete(
         max_body_bytes=cap * world + MB,
     )
     try:
-        return await _complete(job_id, form, store, artifacts, cache)
+        return await _complete(job_id, form, store, artifacts, cache, analysis)
     finally:
         form.discard()
 
@@ -159,20 +167,22 @@ async def _complete(
     store: AbstractStore,
     artifacts: ArtifactStore,
     cache: ConfigCache,
+    analysis: ProgramAnalysis,
 ) -> JobOut:
     token = form.fields.get("lease_token")
     if not token:
         raise missing_field("lease_token")
     leased = await run_in_threadpool(store.check_lease, job_id, token)
     if leased.world_size > 1:
-        return await _complete_distributed(job_id, token, leased, form, store, artifacts, cache)
+        return await _complete_distributed(
+            job_id, token, leased, form, store, artifacts, cache, analysis
+        )
     for name in ("report", "program"):
         if name not in form.files:
             raise missing_field(name)
     try:
         report = load_report(form.files["report"].path.read_bytes())
-        await run_in_threadpool(check_loadable, form.files["program"].path)
-    except (ReportError, UnloadableProgram) as exc:
+    except ReportError as exc:
         raise _unprocessable(str(exc)) from None
     aoti = form.files.get("aoti")
     if aoti is not None and not zipfile.is_zipfile(aoti.path):
@@ -181,7 +191,17 @@ async def _complete(
         result = tuning_result(report, {name: s.sha256 for name, s in form.files.items()})
     except ReportError as exc:
         raise _unprocessable(str(exc)) from None
-    await _check_result_fits_job(result, leased, store, artifacts)
+    model = await _check_result_fits_job(result, leased, store, artifacts, analysis)
+    try:  # the tuned program must answer as the upload does (a forged one does not)
+        await run_in_threadpool(
+            analysis.verify,
+            artifacts.path(model.sha256),
+            form.files["program"].path,
+            result.config,
+            f"the tuned program of job {job_id}",
+        )
+    except UnloadableProgram as exc:
+        raise _unprocessable(str(exc)) from None
     added = _store_all(artifacts, list(form.files.values()))
     try:
         job, _ = await run_in_threadpool(store.complete_job, job_id, token, result)
@@ -197,8 +217,12 @@ async def _complete(
 
 
 async def _check_result_fits_job(
-    result: TuningResult, job: Job, store: AbstractStore, artifacts: ArtifactStore
-) -> None:
+    result: TuningResult,
+    job: Job,
+    store: AbstractStore,
+    artifacts: ArtifactStore,
+    analysis: ProgramAnalysis,
+) -> Model:
     """A config for another model, measured on another kind of device, or tuned for another
     mode or optimizer than the job asked for, is refused."""
     model = await run_in_threadpool(store.get_model, job.model_id)
@@ -206,7 +230,7 @@ async def _check_result_fits_job(
     if expected is None:  # stored before uploads were fingerprinted: do it once now
         try:
             expected = await run_in_threadpool(
-                fingerprint_of, artifacts.path(model.sha256), f"model {model.id}"
+                analysis.fingerprint, artifacts.path(model.sha256), f"model {model.id}"
             )
         except UnloadableProgram as exc:
             raise _unprocessable(str(exc)) from None
@@ -227,6 +251,7 @@ async def _check_result_fits_job(
             f"the report tuned mode {result.mode!r} (optimizer {result.optimizer}), but job "
             f"{job.id} asked for mode {job.mode!r} (optimizer {job.optimizer})"
         )
+    return model
 
 
 async def _complete_distributed(
@@ -237,6 +262,7 @@ async def _complete_distributed(
     store: AbstractStore,
     artifacts: ArtifactStore,
     cache: ConfigCache,
+    analysis: ProgramAnalysis,
 ) -> JobOut:
     """The distributed report and one tuned program per rank; each rank model gets a config."""
     if "report" not in form.files:
@@ -250,7 +276,7 @@ async def _complete_distributed(
         report = load_json_report(form.files["report"].path.read_bytes())
         results = rank_results(report, job, models, {n: s.sha256 for n, s in form.files.items()})
         for field in sorted(fields):
-            await run_in_threadpool(check_loadable, form.files[field].path, f"{field}")
+            await run_in_threadpool(analysis.check_loadable, form.files[field].path, field)
     except (ReportError, UnloadableProgram) as exc:
         raise _unprocessable(str(exc)) from None
     kind = str(results[0].hardware.get("device", "")).split(":", 1)[0]
