@@ -27,7 +27,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_process(
-    env: Mapping[str, str], log: Path, *args: str, start_timeout_s: float = 120
+    env: Mapping[str, str],
+    log: Path,
+    *args: str,
+    start_timeout_s: float = 120,
+    cwd: Path = REPO,
 ) -> Iterator[str]:
     """`fxtune serve [args]` on a free loopback port; yields its base URL, stops it on exit.
 
@@ -39,7 +43,7 @@ def serve_process(
         command += ["--log-level", "warning"]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*command, *args], cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT
+            [*command, *args], cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
     try:
