@@ -40,6 +40,7 @@ def worker_cmd(
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
     from tuner.errors import DeviceUnavailableError
+    from tuner.sandbox import SandboxUnavailable, resolve_sandbox
     from worker.client import ServiceError
     from worker.config import WorkerSettings
     from worker.hardware import detect
@@ -50,6 +51,11 @@ def worker_cmd(
     overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)
     try:
+        resolve_sandbox(settings.worker_sandbox)  # before anything else: a refusal is quick
+    except SandboxUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USER_INPUT) from None
+    try:
         hardware = detect(device)
     except DeviceUnavailableError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -57,11 +63,12 @@ def worker_cmd(
     worker = Worker(settings, device, hardware)
     install_signal_handlers(worker.stop)
     logging.getLogger("fxtune.worker").info(
-        "%s serving %s (%s, %d rank(s)) for %s",
+        "%s serving %s (%s, %d rank(s), sandbox %s) for %s",
         worker.id,
         device,
         hardware.get("name"),
         settings.worker_ranks,
+        worker.sandbox_kind,
         settings.server,
     )
     try:
