@@ -9,7 +9,6 @@ import select
 import socket
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import pytest
 
