@@ -6,6 +6,7 @@ A real process on a real port (not an in-process app), so what runs is what a us
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import socket
 import subprocess
@@ -17,6 +18,15 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launching process dies (kill -9 included),
+    so the service (and through it its worker) never outlives what started it."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -43,7 +53,12 @@ def serve_process(
         command += ["--log-level", "warning"]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*command, *args], cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT
+            [*command, *args],
+            cwd=cwd,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_stop_with_parent,
         )
     url = f"http://127.0.0.1:{port}"
     try:

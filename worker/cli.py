@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Annotated
 
 import typer
@@ -11,6 +12,10 @@ from tuner.device import Device
 from tuner.exit_codes import ExitCode
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+def _leave(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @app.command("worker")
@@ -47,6 +52,8 @@ def worker_cmd(
     from worker.loop import Worker, install_signal_handlers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # until the loop's own handlers: unwind (and
+        signal.signal(sig, _leave)  # subprocess.run kills the device probe on the way out)
     given = {"server": server, "worker_token": token, "worker_ranks": ranks}
     overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)
