@@ -128,10 +128,13 @@ class Sandbox:
     share_devices: bool = False  # GPUs need the host's /dev and /sys
 
     def wrap(self, cmd: list[str], workdir: Path, python_path: str | None = None) -> list[str]:
-        """`cmd` under bubblewrap; `python_path` (the child's PYTHONPATH) is bound read-only."""
+        """`cmd` under bubblewrap; `python_path` (the child's PYTHONPATH) and the folder of the
+        command's program are bound read-only besides the system and the Python environment."""
         if self.kind == "none":
             return cmd
         readable = [*python_paths(), *(Path(p) for p in (python_path or "").split(":") if p)]
+        if os.path.isabs(cmd[0]):  # a tune command outside the Python environment
+            readable.append(Path(cmd[0]).resolve().parent)
         return ["bwrap", *self.binds(workdir, readable), "--", *cmd]
 
     def binds(self, workdir: Path, readable: Iterable[Path]) -> list[str]:
