@@ -124,6 +124,15 @@ def serve_cmd(
         worker = spawn_worker(_local_url(host, port), worker_device, worker_env)
     try:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    except SystemExit as exc:  # a signal (exit_on_signals), after uvicorn's graceful shutdown
+        code = exc.code if isinstance(exc.code, int) else 1
+        if worker is not None:
+            stop_child(worker)
+        # Everything is closed: leave as the signal's default action would, without the
+        # interpreter's teardown of torch and friends (a second or more).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     finally:
         if worker is not None:
             stop_child(worker)
