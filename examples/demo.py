@@ -103,6 +103,9 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from service.cli import exit_on_signals
+
+    exit_on_signals()  # SIGTERM unwinds the `with` blocks below: the service is stopped, not left
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=20, help="tuning budget per model")
     parser.add_argument("--keep-serving", action="store_true", help="leave the service up")

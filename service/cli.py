@@ -66,6 +66,19 @@ def embedded_worker_identity(settings: Settings) -> tuple[Settings, dict[str, st
     return settings, env
 
 
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP end this process through SystemExit, so `finally` blocks run and
+    stop its children. (uvicorn handles SIGTERM while it serves, and re-raises it when it has
+    shut down: with Python's default action the process would die right there and leave its
+    embedded worker behind.)"""
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
+
+
 def stop_child(proc: subprocess.Popen[bytes], grace_s: float = 15) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -94,6 +107,7 @@ def serve_cmd(
     from service.db.migrate import SchemaMismatch, upgrade_to_head
     from service.main import create_app
 
+    exit_on_signals()
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.resolved_database_url)
@@ -110,6 +124,15 @@ def serve_cmd(
         worker = spawn_worker(_local_url(host, port), worker_device, worker_env)
     try:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    except SystemExit as exc:  # a signal (exit_on_signals), after uvicorn's graceful shutdown
+        code = exc.code if isinstance(exc.code, int) else 1
+        if worker is not None:
+            stop_child(worker)
+        # Everything is closed: leave as the signal's default action would, without the
+        # interpreter's teardown of torch and friends (a second or more).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     finally:
         if worker is not None:
             stop_child(worker)

@@ -6,6 +6,7 @@ A real process on a real port (not an in-process app), so what runs is what a us
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import socket
 import subprocess
@@ -19,6 +20,15 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launching process dies (kill -9 included),
+    so the service (and through it its worker) never outlives what started it."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -27,7 +37,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_process(
-    env: Mapping[str, str], log: Path, *args: str, start_timeout_s: float = 120
+    env: Mapping[str, str],
+    log: Path,
+    *args: str,
+    start_timeout_s: float = 120,
+    cwd: Path = REPO,
 ) -> Iterator[str]:
     """`fxtune serve [args]` on a free loopback port; yields its base URL, stops it on exit.
 
@@ -39,7 +53,12 @@ def serve_process(
         command += ["--log-level", "warning"]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*command, *args], cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT
+            [*command, *args],
+            cwd=cwd,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_stop_with_parent,
         )
     url = f"http://127.0.0.1:{port}"
     try:

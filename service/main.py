@@ -9,15 +9,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, status
-from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.analysis import program_analysis
+from service.api.body_guard import BodyGuard
 from service.api.browser import BrowserGuard
 from service.api.config_cache import ConfigCache
 from service.api.config_fast_path import ConfigFastPath
+from service.api.excerpts import MAX_DETAIL_CHARS, bounded_errors, excerpt
 from service.api.main import api_router
 from service.api.routes import health
 from service.artifacts import ArtifactStore
@@ -92,7 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router, include_in_schema=False)  # /healthz at the root too
     mount_dashboard(app)
     _add_error_handlers(app)
-    app.add_middleware(ConfigFastPath)  # inside the guard: the last added runs first
+    app.add_middleware(ConfigFastPath)  # inside the guards: the last added runs first
+    app.add_middleware(BodyGuard, max_json_bytes=settings.max_json_kb * 1024)
     app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts)
     return app
 
@@ -107,11 +111,20 @@ def _add_error_handlers(app: FastAPI) -> None:
         errors = exc.errors()
         bad_json = [e for e in errors if e.get("type") == "json_invalid"]
         if bad_json:
-            msg = bad_json[0].get("ctx", {}).get("error", "invalid JSON")
+            msg = excerpt(str(bad_json[0].get("ctx", {}).get("error", "invalid JSON")))
             return JSONResponse({"detail": f"malformed JSON body: {msg}"}, status_code=400)
-        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+        return JSONResponse({"detail": bounded_errors(list(errors))}, status_code=422)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Messages that quote client input (names, archive members) are cut to an excerpt."""
+        assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc.detail, str) and len(exc.detail) > MAX_DETAIL_CHARS:
+            cut = excerpt(exc.detail, MAX_DETAIL_CHARS)
+            exc = StarletteHTTPException(exc.status_code, cut, exc.headers)
+        return await http_exception_handler(request, exc)
 
     app.add_exception_handler(NotFound, store_error)
     app.add_exception_handler(StaleLease, store_error)
     app.add_exception_handler(StoreError, store_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)

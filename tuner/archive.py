@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 import stat
+import struct
 import sys
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -47,6 +49,21 @@ _WHY_REFUSED = {
     "data/constants/opaque_obj": "opaque objects need full pickle",
 }
 _ALLOWED_COMPRESSION = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+_ENCRYPTED = 0x1  # general purpose flag bit 0
+_UTF8_NAME = 0x800  # general purpose flag bit 11
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's own layout of a local file header
+# What zipfile, zlib and the stream reader raise on a damaged member: a wrong CRC, a broken
+# deflate stream, an encrypted member, a header that disagrees with the directory, data that
+# ends before the declared size.
+_READ_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+    NotImplementedError,
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +101,11 @@ class ProgramArchive:
             raise UnsafeArtifactError(
                 f"archive member {rel} declares {_fmt(info.file_size)}, over its cap of {_fmt(cap)}"
             )
-        with zipfile.ZipFile(self.path) as zf, zf.open(info) as stream:
-            data = stream.read(info.file_size + 1)  # zipfile stops at the declared size
+        try:
+            with zipfile.ZipFile(self.path) as zf, zf.open(info) as stream:
+                data = stream.read(info.file_size + 1)  # zipfile stops at the declared size
+        except _READ_ERRORS as exc:
+            raise ArtifactFormatError(f"archive member {rel} is damaged: {_short(exc)}") from None
         if len(data) != info.file_size:
             raise ArtifactFormatError(f"archive member {rel} is truncated or mis-sized")
         return data
@@ -95,6 +115,12 @@ class ProgramArchive:
             return self.read(rel, cap).decode()
         except UnicodeDecodeError:
             raise ArtifactFormatError(f"archive member {rel} is not UTF-8 text") from None
+
+
+def _short(exc: BaseException) -> str:
+    """The error's type and message, bounded: names in it come from the untrusted archive."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _fmt(n: int) -> str:
@@ -121,6 +147,8 @@ def _check_name(name: str) -> tuple[str, str]:
 def _check_entry(info: zipfile.ZipInfo, rel: str, limits: ArchiveLimits) -> None:
     if rel not in _FIXED_MEMBERS and not _PAYLOAD.fullmatch(rel):
         raise UnsafeArtifactError(f"refused archive member {info.filename}: {_why_refused(rel)}")
+    if info.flag_bits & _ENCRYPTED:
+        raise ArtifactFormatError(f"refused archive member {info.filename}: it is encrypted")
     if info.compress_type not in _ALLOWED_COMPRESSION:
         raise UnsafeArtifactError(f"refused archive member {info.filename}: unusual compression")
     if stat.S_ISLNK(info.external_attr >> 16):
@@ -138,6 +166,37 @@ def _check_entry(info: zipfile.ZipInfo, rel: str, limits: ArchiveLimits) -> None
                 f"({_fmt(info.compress_size)} to {_fmt(info.file_size)}; cap {limits.max_ratio:g}x)"
                 " - a zip bomb, not model weights"
             )
+
+
+def _check_local_headers(path: Path, infos: list[zipfile.ZipInfo]) -> None:
+    """Each member's local header must name it as the central directory does, and agree that it
+    is not encrypted: tools that read the local headers (streaming unzippers) would otherwise
+    see other members than the ones checked here."""
+    with path.open("rb") as f:
+        for info in infos:
+            f.seek(info.header_offset)
+            raw = f.read(_LOCAL_HEADER.size)
+            if len(raw) != _LOCAL_HEADER.size or raw[:4] != b"PK\x03\x04":
+                raise ArtifactFormatError(
+                    f"archive member {info.filename} has no local header where the directory "
+                    "says (a damaged or truncated zip)"
+                )
+            fields = _LOCAL_HEADER.unpack(raw)
+            flags, name_len = fields[3], fields[10]
+            name = f.read(name_len)
+            expected = info.orig_filename.encode(
+                "utf-8" if info.flag_bits & _UTF8_NAME else "cp437", "replace"
+            )
+            if name != expected:
+                raise UnsafeArtifactError(
+                    f"refused archive member {info.filename}: its local header names it "
+                    f"{name[:100].decode('utf-8', 'replace')!r} (tools would disagree on what "
+                    "the archive holds)"
+                )
+            if flags & _ENCRYPTED:
+                raise ArtifactFormatError(
+                    f"refused archive member {info.filename}: it is encrypted"
+                )
 
 
 def open_archive(path: Path | str, limits: ArchiveLimits | None = None) -> ProgramArchive:
@@ -167,6 +226,10 @@ def open_archive(path: Path | str, limits: ArchiveLimits | None = None) -> Progr
         _check_entry(info, rel, limits)
         members[rel] = info
         total += info.file_size
+    try:
+        _check_local_headers(path, infos)
+    except OSError as exc:
+        raise ArtifactFormatError(f"not a readable .pt2 archive: {_short(exc)}") from None
     if len(roots) > 1:
         raise UnsafeArtifactError(f"refused: the archive has several root folders {sorted(roots)}")
     if total > limits.max_total_bytes:

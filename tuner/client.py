@@ -163,18 +163,34 @@ class ConfigCache:
             self._path(fingerprint, kind).unlink(missing_ok=True)
 
 
+MAX_CONFIG_BYTES = 8 * 1024 * 1024  # configs are tens of KB; a reply past this is not one
+
+
+class ReplyTooLarge(Exception):
+    """The server's reply passed the cap (declared, or counted while streaming)."""
+
+
 def _get(
-    url: str, params: dict[str, str], headers: dict[str, str], timeout: float
+    url: str,
+    params: dict[str, str],
+    headers: dict[str, str],
+    timeout: float,
+    max_bytes: int = MAX_CONFIG_BYTES,
 ) -> httpx.Response:
     """GET with `timeout` bounding the whole exchange, not each socket read: a server that
     trickles bytes would otherwise hold a deployment's start-up for as long as it likes. The
-    request runs in a daemon thread that is abandoned (and ends on its own) when late."""
+    request runs in a daemon thread that is abandoned (and ends on its own) when late. The body
+    is streamed and reading stops past `max_bytes` (ReplyTooLarge): a reply of any size would
+    otherwise be held whole in the deployment's memory."""
     result: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            with httpx.Client(timeout=timeout) as client:
-                result["response"] = client.get(url, params=params, headers=headers)
+            with (
+                httpx.Client(timeout=timeout) as client,
+                client.stream("GET", url, params=params, headers=headers) as response,
+            ):
+                result["response"] = _capped(response, max_bytes)
         except Exception as exc:
             result["error"] = exc
 
@@ -186,6 +202,23 @@ def _get(
     if "error" in result:
         raise result["error"]
     return result["response"]
+
+
+def _capped(response: httpx.Response, max_bytes: int) -> httpx.Response:
+    """The streamed response read into memory, if it fits (decoded bytes are counted, so a
+    compressed bomb stops at the cap too)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise ReplyTooLarge(f"it declares {int(declared)} bytes")
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            raise ReplyTooLarge(f"more than {max_bytes} bytes came")
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() != "content-encoding"]
+    return httpx.Response(
+        response.status_code, headers=headers, content=bytes(body), request=response.request
+    )
 
 
 def _detail(response: httpx.Response) -> str:
@@ -210,12 +243,14 @@ def fetch_config(
     token: str | None = None,
     use_cache: bool = True,
     mode: Mode = "infer",
+    max_bytes: int = MAX_CONFIG_BYTES,
 ) -> tuple[dict[str, Any] | None, str]:
     """The config for `fingerprint` and where it came from: "server", "not modified" (the
     cached copy, confirmed by a 304), "cache: <why the server could not be used>", or None and
     the reason there is none. Only configs that validate for `fingerprint` are returned or cached.
 
-    `mode="train"` asks for the training config, filed apart from the inference one.
+    `mode="train"` asks for the training config, filed apart from the inference one. A reply
+    larger than `max_bytes` is not read past the cap and counts as unusable.
 
     Raises nothing for network or server trouble.
     """
@@ -229,7 +264,12 @@ def fetch_config(
     url = f"{server.rstrip('/')}/api/v1/configs/{fingerprint}"
     try:
         params = {"device": kind} if mode == "infer" else {"device": kind, "mode": mode}
-        response = _get(url, params, headers, timeout)
+        response = _get(url, params, headers, timeout, max_bytes)
+    except ReplyTooLarge as exc:
+        return _or_cached(
+            cached,
+            f"the server's reply is larger than the {max_bytes}-byte cap on a config ({exc})",
+        )
     except httpx.HTTPError as exc:
         what = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
         return _or_cached(cached, f"server {server} {what} ({type(exc).__name__}: {exc})")

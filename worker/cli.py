@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Annotated
 
 import typer
@@ -11,6 +12,10 @@ from tuner.device import Device
 from tuner.exit_codes import ExitCode
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+def _leave(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @app.command("worker")
@@ -40,15 +45,23 @@ def worker_cmd(
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
     from tuner.errors import DeviceUnavailableError
+    from tuner.sandbox import SandboxUnavailable, resolve_sandbox
     from worker.client import ServiceError
     from worker.config import WorkerSettings
     from worker.hardware import detect
     from worker.loop import Worker, install_signal_handlers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # until the loop's own handlers: unwind (and
+        signal.signal(sig, _leave)  # subprocess.run kills the device probe on the way out)
     given = {"server": server, "worker_token": token, "worker_ranks": ranks}
     overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)
+    try:
+        resolve_sandbox(settings.worker_sandbox)  # before anything else: a refusal is quick
+    except SandboxUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.USER_INPUT) from None
     try:
         hardware = detect(device)
     except DeviceUnavailableError as exc:
@@ -57,11 +70,12 @@ def worker_cmd(
     worker = Worker(settings, device, hardware)
     install_signal_handlers(worker.stop)
     logging.getLogger("fxtune.worker").info(
-        "%s serving %s (%s, %d rank(s)) for %s",
+        "%s serving %s (%s, %d rank(s), sandbox %s) for %s",
         worker.id,
         device,
         hardware.get("name"),
         settings.worker_ranks,
+        worker.sandbox_kind,
         settings.server,
     )
     try:

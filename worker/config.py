@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tuner.sandbox import SandboxMode
 
@@ -40,8 +41,15 @@ class WorkerSettings(BaseSettings):
     )
     worker_sandbox: SandboxMode = Field(
         default="auto",
-        description="bwrap: tuning children run in bubblewrap namespaces (read-only system, "
-        "private /tmp, no network); auto: bwrap where it works; none: limits only",
+        description="auto or bwrap: tuning children run under bubblewrap (only the system, the "
+        "Python environment, the job folder and the decision cache visible; no network), and "
+        "the worker refuses to start where it cannot run; none: resource limits only, logged "
+        "loudly and shown on the dashboard",
+    )
+    worker_child_env: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Extra variable names passed to tuning children besides the allowlist "
+        "(comma-separated); names with TOKEN, SECRET, PASSWORD or DATABASE in them never are",
     )
     worker_poll_s: float = Field(default=2.0, gt=0)
     worker_scratch_dir: Path | None = None
@@ -64,6 +72,13 @@ class WorkerSettings(BaseSettings):
         description="Ranks this worker can run at once (processes of a distributed job: at most "
         "its cores, or GPUs); it claims only jobs whose world_size is at most this",
     )
+
+    @field_validator("worker_child_env", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
 
     @property
     def token(self) -> str | None:

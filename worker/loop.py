@@ -17,14 +17,15 @@ from typing import Any
 
 import httpx
 
+from tuner.child_env import MAX_ERROR_CHARS, MAX_PROGRESS_CHARS, Redactor
 from tuner.device import Device
 from tuner.exit_codes import ExitCode
 from tuner.sandbox import (
     ChildResult,
     Limits,
     Sandbox,
-    choose_sandbox,
     physical_memory_bytes,
+    resolve_sandbox,
     run_child,
 )
 from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
@@ -44,10 +45,13 @@ RANK_OUTPUT = "tuned_rank{rank}.pt2"
 class Heartbeat(threading.Thread):
     """Keeps the lease alive and relays the child's progress while the job runs."""
 
-    def __init__(self, client: ServiceClient, job: Assignment) -> None:
+    def __init__(
+        self, client: ServiceClient, job: Assignment, redact: Redactor = Redactor()
+    ) -> None:
         super().__init__(daemon=True, name=f"heartbeat-{job.job_id}")
         self.client = client
         self.job = job
+        self.redact = redact
         self.interval_s = max(0.5, min(job.lease_s / 3, 5.0))
         self.lost = False
         self._progress = (0.0, "started")
@@ -56,7 +60,7 @@ class Heartbeat(threading.Thread):
         self._done = threading.Event()
 
     def update(self, progress: float, message: str) -> None:
-        self._progress = (progress, message)
+        self._progress = (progress, self.redact(message, MAX_PROGRESS_CHARS))
         if time.monotonic() - self._sent_at > 1.0:
             self._wake.set()
 
@@ -97,10 +101,16 @@ class Worker:
         hardware: dict[str, Any],
         client: ServiceClient | None = None,
     ) -> None:
+        """Raises SandboxUnavailable when bubblewrap cannot run and `none` was not chosen."""
         self.settings = settings
         self.device = Device.parse(device)
-        self.hardware = hardware
+        self.sandbox_kind = resolve_sandbox(settings.worker_sandbox)
+        # Declared with the hardware at every claim, so the dashboard shows unsandboxed workers.
+        self.hardware = {**hardware, "sandbox": self.sandbox_kind}
         self.client = client or ServiceClient(settings.server, settings.token)
+        # Whatever the child prints is relayed to the service: this worker's secrets are
+        # masked in it, whether the child could have known them or not.
+        self.redact = Redactor.of_environment(extra=(settings.token, settings.server))
         self.id = f"{socket.gethostname()}-{os.getpid()}-{self.device}"
         self._stop = threading.Event()
         self.device_lost: str | None = None  # why this worker stopped claiming, if it did
@@ -162,7 +172,7 @@ class Worker:
             return self._fail(job, f"could not download the model: {exc}", retryable=True)
         out = workdir / "out"
         out.mkdir()
-        beat = Heartbeat(self.client, job)
+        beat = Heartbeat(self.client, job, self.redact)
         try:
             result = run_child(
                 self.command(job, source, out),
@@ -171,7 +181,9 @@ class Worker:
                 beat.update,
                 cancelled=lambda: beat.lost or self._stop.is_set(),
                 on_started=beat.start,
+                env=self.child_env(),
                 sandbox=self.sandbox(job),
+                redact=self.redact,
             )
         finally:
             if beat.is_alive():
@@ -277,9 +289,13 @@ class Worker:
         """The job's isolation; only the decision cache's folder is writable besides the job's."""
         cache_dir = self.settings.worker_decision_cache.parent
         cache_dir.mkdir(parents=True, exist_ok=True)
-        return choose_sandbox(
-            self.settings.worker_sandbox, (cache_dir,), share_devices=job.device != "cpu"
-        )
+        return Sandbox(self.sandbox_kind, (cache_dir,), share_devices=job.device != "cpu")
+
+    def child_env(self) -> dict[str, str]:
+        """The operator's extra variables for the child (FXTUNE_WORKER_CHILD_ENV), if set here;
+        the allowlist itself is `tuner.child_env`."""
+        names = self.settings.worker_child_env
+        return {name: os.environ[name] for name in names if name in os.environ}
 
     def _complete(self, job: Assignment, files: dict[str, Path]) -> Outcome:
         for attempt in range(3):
@@ -296,6 +312,7 @@ class Worker:
         return Outcome("failed", "could not upload the result; the lease will expire")
 
     def _fail(self, job: Assignment, error: str, retryable: bool) -> Outcome:
+        error = self.redact(error, MAX_ERROR_CHARS)
         try:
             self.client.fail(job, error, retryable)
         except LeaseLost:

@@ -101,6 +101,11 @@ class JobOut(BaseModel):
     message: str | None
     error: str | None
     worker_id: str | None
+    worker_sandbox: str | None = Field(
+        default=None,
+        description='The sandbox the claiming worker declared: "bwrap", or "none" (its '
+        "operator chose to tune without one)",
+    )
     lease_expires_at: datetime | None
     not_before: datetime | None
     created_at: datetime

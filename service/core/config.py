@@ -40,6 +40,12 @@ class Settings(BaseSettings):
         description="How long a cached config may be served before the database is asked "
         "again: the bound on staleness when several service processes share one database",
     )
+    max_json_kb: int = Field(
+        default=1024,
+        gt=0,
+        description="Cap on every request body that is not an upload or a result (the JSON "
+        "routes); larger bodies get 413 before anything parses them",
+    )
     max_upload_mb: float = Field(default=512, gt=0)
     max_result_mb: float = Field(default=2048, gt=0)
     lease_s: float = Field(default=60, gt=0)

@@ -63,6 +63,7 @@ def index(request: Request, store: StoreDep, settings: SettingsDep) -> HTMLRespo
         "rows": rows,
         "tuned_ids": {r["model_id"] for r in rows},
         "jobs": jobs,
+        "workers": views.worker_rows(jobs),
         "model_names": names,
         "chart": views.speedup_chart(rows),
         "hardware_label": views.hardware_label,

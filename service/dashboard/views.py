@@ -305,6 +305,25 @@ def downloads(tuned: StoredConfig) -> list[Link]:
     return links
 
 
+def worker_rows(jobs: list[Job]) -> list[Row]:
+    """The workers seen in the recent jobs, newest first, with the sandbox each declared: an
+    operator who chose FXTUNE_WORKER_SANDBOX=none shows here as unsandboxed."""
+    rows: dict[str, Row] = {}
+    for job in sorted(jobs, key=lambda j: j.updated_at, reverse=True):
+        if job.worker_id is None or job.worker_id in rows:
+            continue
+        hardware = job.worker_hardware or {}
+        rows[job.worker_id] = {
+            "worker": job.worker_id,
+            "device": job.device,
+            "hardware": str(hardware.get("name") or hardware.get("key") or ""),
+            "sandbox": job.worker_sandbox,
+            "job_id": job.id,
+            "seen": job.updated_at,
+        }
+    return list(rows.values())
+
+
 def index_rows(store: AbstractStore) -> tuple[list[Model], list[Row], list[Job]]:
     models = store.list_models(MAX_MODELS)
     return models, model_rows(store, models), store.list_jobs(limit=RECENT_JOBS)

@@ -41,6 +41,13 @@ class Job:
     rank_models: list[int] | None = None  # each rank's uploaded program (model ids, rank order)
     mode: str = "infer"  # "train": a training step is tuned (tuner.tune_train)
     optimizer: str | None = None  # with mode "train": stepped each timed step (None: none)
+    worker_hardware: dict[str, Any] | None = None  # what the last claiming worker declared
+
+    @property
+    def worker_sandbox(self) -> str | None:
+        """The sandbox the claiming worker declared ("bwrap", "none"); None: not declared."""
+        value = (self.worker_hardware or {}).get("sandbox")
+        return str(value)[:16] if value is not None else None
 
 
 @dataclass(frozen=True)

@@ -460,6 +460,7 @@ def _job(r: JobRow) -> Job:
         rank_models=r.rank_models,
         mode=r.mode,
         optimizer=r.optimizer,
+        worker_hardware=r.worker_hardware,
     )
 
 

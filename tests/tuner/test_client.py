@@ -164,6 +164,79 @@ def stalling_server(trickle: bool) -> Iterator[str]:
         listener.close()
 
 
+class Flood:
+    """A server whose config reply is `total` bytes of JSON-ish padding, declared or chunked;
+    `sent` counts what it managed to send before the client hung up."""
+
+    def __init__(self, total: int, declared: bool) -> None:
+        self.total, self.declared, self.sent = total, declared, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            conn.recv(65536)
+            length = (
+                f"Content-Length: {self.total}" if self.declared else "Transfer-Encoding: chunked"
+            )
+            conn.sendall(f"HTTP/1.1 200 OK\r\n{length}\r\nConnection: close\r\n\r\n".encode())
+            chunk = b"a" * (1 << 20)
+            try:
+                while self.sent < self.total:
+                    frame = chunk if self.declared else b"100000\r\n" + chunk + b"\r\n"
+                    conn.sendall(frame)
+                    self.sent += len(chunk)
+                if not self.declared:
+                    conn.sendall(b"0\r\n\r\n")
+            except OSError:
+                pass
+        self.done.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "declared"])
+def test_an_oversize_config_reply_is_not_read_past_the_cap(declared: bool, tmp_path: Path) -> None:
+    total = 300 * 1024 * 1024
+    flood = Flood(total, declared)
+    try:
+        module, warned = load_recording(dropped_program(), server=flood.url, cache_dir=tmp_path)
+        assert flood.done.wait(30)
+    finally:
+        flood.close()
+    assert has_dropout(module)  # untuned
+    assert len(warned) == 1 and "larger than the 8388608-byte cap" in warned[0], warned
+    assert flood.sent < 64 * 1024 * 1024  # the client stopped reading: the server could not go on
+
+
+def test_the_cap_is_what_stops_the_read(tmp_path: Path) -> None:
+    """The control: with a cap above the reply, the same flood is read to its end (and then
+    refused as not a config)."""
+    flood = Flood(40 * 1024 * 1024, declared=False)
+    try:
+        config, reason = fetch_config(
+            "ab" * 16, server=flood.url, cache_dir=tmp_path, max_bytes=64 * 1024 * 1024
+        )
+        assert flood.done.wait(30)
+    finally:
+        flood.close()
+    assert config is None and "unusable config" in reason
+    assert flood.sent == 40 * 1024 * 1024
+
+
+def test_fetch_refuses_an_oversize_reply_with_a_clear_error(tmp_path: Path) -> None:
+    flood = Flood(300 * 1024 * 1024, declared=False)
+    try:
+        result = CliRunner().invoke(app, ["fetch", "ab" * 16, "--server", flood.url])
+    finally:
+        flood.close()
+    assert result.exit_code == 2 and "larger than the 8388608-byte cap" in result.output
+
+
 def dead_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -86,7 +86,8 @@ def test_profile_refuses_an_absent_indexed_gpu_as_missing_not_unknown() -> None:
 
 def test_a_worker_tunes_on_its_own_gpu_and_claims_the_kind(tmp_path: Path) -> None:
     """The job names a kind; the child must tune on the worker's cuda:1, not on cuda (0)."""
-    worker = Worker(WorkerSettings(), "cuda:1", HARDWARE, ServiceClient("http://x", None))
+    settings = WorkerSettings(worker_sandbox="none")  # the command only; nothing runs
+    worker = Worker(settings, "cuda:1", HARDWARE, ServiceClient("http://x", None))
     job = Assignment(1, 1, "cuda", None, "token", 30.0, "0" * 64, 1, "m", "/file")
     cmd = worker.command(job, tmp_path / "m.pt2", tmp_path)
     assert cmd[cmd.index("--device") + 1] == "cuda:1"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.helpers import REPO, pid_alive, wait_for
+from tuner.child_env import REDACTED, Redactor
 from tuner.sandbox import (
     Limits,
     Sandbox,
@@ -24,6 +27,7 @@ from tuner.sandbox import (
     bwrap_works,
     choose_sandbox,
     error_line,
+    resolve_sandbox,
     run_child,
 )
 
@@ -172,15 +176,17 @@ def test_without_bubblewrap_the_same_child_reaches_both(tmp_path: Path) -> None:
     assert found["connected"] is True
 
 
-def test_requiring_bubblewrap_where_it_is_missing_is_an_error(
+def test_without_bubblewrap_only_an_explicit_none_runs_unsandboxed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """`auto` no longer falls back quietly: it refuses like `bwrap`, and says what to do."""
     monkeypatch.setattr("tuner.sandbox.shutil.which", lambda _name: None)
     bwrap_works.cache_clear()
     try:
-        with pytest.raises(SandboxUnavailable, match="bubblewrap cannot run"):
-            choose_sandbox("bwrap")
-        assert choose_sandbox("auto").kind == "none"
+        for mode in ("auto", "bwrap"):
+            with pytest.raises(SandboxUnavailable, match=r"install Debian's `bubblewrap`.*=none"):
+                resolve_sandbox(mode)  # type: ignore[arg-type]
+        assert choose_sandbox("none").kind == "none"
     finally:
         bwrap_works.cache_clear()
 
@@ -204,3 +210,147 @@ def test_bubblewrap_keeps_loopback_inside_the_sandbox_for_distributed_ranks(
     result = run_child(cmd, Limits(wall_s=60), tmp_path, lambda p, m: None, sandbox=sandbox)
     assert result.ok, result.error
     assert (tmp_path / "loopback.txt").read_bytes() == b"rank"
+
+
+SNOOP = """
+import json, os, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = os.listdir(name) if os.path.isdir(name) else open(name).read()
+    except OSError as exc:
+        out[name] = type(exc).__name__
+open("snoop.json", "w").write(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def machine() -> Iterator[dict[str, Path]]:
+    """A worker's machine outside /tmp (whose private copy would hide it anyway): the
+    service's data folder, this job's and another job's folder, the decision cache, a file in
+    the folder above them all (as the home folder would be)."""
+    root = Path(tempfile.mkdtemp(prefix="fxtune-sandbox-test-", dir=Path.home()))
+    try:
+        paths = {
+            "root_file": root / "notes.txt",
+            "database": root / "data" / "fxtune.db",
+            "upload": root / "data" / "artifacts" / "blobs" / "ab" / "abcdef",
+            "job": root / "scratch" / "fxtune-job1-x",
+            "other_job": root / "scratch" / "fxtune-job2-y",
+            "other_input": root / "scratch" / "fxtune-job2-y" / "input.pt2",
+            "cache": root / "cache" / "decisions.json",
+        }
+        for name, path in paths.items():
+            if name in ("job", "other_job"):
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f"{name} contents")
+        yield paths
+    finally:
+        shutil.rmtree(root)
+
+
+def snoop(machine: dict[str, Path], sandbox: Sandbox) -> dict[str, object]:
+    targets = ["root_file", "database", "upload", "other_job", "other_input", "cache"]
+    cmd = [sys.executable, "-c", SNOOP, *(str(machine[t]) for t in targets)]
+    result = run_child(cmd, Limits(wall_s=60), machine["job"], lambda p, m: None, sandbox=sandbox)
+    assert result.ok, result.error
+    found = json.loads((machine["job"] / "snoop.json").read_text())
+    return {t: found[str(machine[t])] for t in targets}
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot run on this machine")
+def test_bubblewrap_hides_the_data_folder_home_and_other_jobs(machine: dict[str, Path]) -> None:
+    sandbox = Sandbox("bwrap", (machine["cache"].parent,))
+    found = snoop(machine, sandbox)
+    for hidden in ("root_file", "database", "upload", "other_job", "other_input"):
+        assert found[hidden] == "FileNotFoundError", (hidden, found[hidden])
+    assert found["cache"] == "cache contents"  # the decision cache stays readable (and writable)
+
+
+def test_without_a_sandbox_the_same_child_reads_them_all(machine: dict[str, Path]) -> None:
+    """Control for the test above: the paths exist and the child can read them unsandboxed."""
+    found = snoop(machine, Sandbox("none"))
+    assert found["database"] == "database contents" and found["upload"] == "upload contents"
+    assert found["other_job"] == ["input.pt2"] and found["root_file"] == "root_file contents"
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot run on this machine")
+def test_bubblewrap_binds_the_system_and_python_not_the_root() -> None:
+    args = Sandbox("bwrap").binds(Path("/tmp/job"), [Path(sys.prefix)])
+    bound = {args[i + 1] for i, a in enumerate(args) if a in ("--ro-bind", "--bind")}
+    assert "/" not in bound and str(Path.home()) not in bound
+    assert "/usr" in bound
+    prefix = Path(sys.prefix).resolve()
+    assert str(prefix) in bound or prefix.is_relative_to("/usr")
+
+
+ENV_DUMP = "import json, os; open('env.json', 'w').write(json.dumps(dict(os.environ)))"
+SECRETS = {
+    "FXTUNE_WORKER_TOKEN": "worker-secret-123456",
+    "FXTUNE_API_TOKEN": "user-secret-123456",
+    "FXTUNE_DATABASE_URL": "postgresql://fx:dbpass-123456@db/fx",
+    "SOME_PASSWORD": "hunter2-123456",
+    "AWS_SECRET_ACCESS_KEY": "aws-123456",
+    "UNLISTED_VARIABLE": "not for children",
+}
+
+
+@pytest.mark.parametrize("kind", ["none", "bwrap"])
+def test_the_child_gets_an_allowlisted_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    if kind == "bwrap" and not bwrap_works():
+        pytest.skip("bubblewrap cannot run on this machine")
+    for name, value in {**SECRETS, "OMP_NUM_THREADS": "3", "CUDA_VISIBLE_DEVICES": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert os.environ["FXTUNE_WORKER_TOKEN"]  # the parent has them all (the control)
+    passed = {"FAKE_KNOB": "on", "MY_TOKEN": "passed-secret-123456"}
+    cmd = [sys.executable, "-c", ENV_DUMP]
+    result = run_child(
+        cmd,
+        Limits(wall_s=60),
+        tmp_path,
+        lambda p, m: None,
+        env=passed,
+        sandbox=Sandbox(kind),  # type: ignore[arg-type]
+    )
+    assert result.ok, result.error
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env["HOME"] == str(tmp_path) and env["TMPDIR"] == str(tmp_path / "tmp")
+    assert env["OMP_NUM_THREADS"] == "3" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["FAKE_KNOB"] == "on" and "PATH" in env
+    assert not set(SECRETS) & set(env) and "MY_TOKEN" not in env
+    dumped = json.dumps(env)
+    assert not [v for v in [*SECRETS.values(), "passed-secret-123456"] if v in dumped]
+
+
+LEAKY = """
+import json, sys
+token = sys.argv[1]
+print(json.dumps({"progress": 0.5, "message": f"using {token} and http://u:{token}@host/"}))
+print(json.dumps({"progress": 0.6, "message": "x" * 10_000}))
+print("y" * 200_000)
+print(json.dumps({"progress": 0.7, "message": "after a long line"}), flush=True)
+sys.stderr.write("z" * 100_000 + "\\nerror: the token is " + token + "\\n")
+sys.exit(2)
+"""
+
+
+def test_relayed_text_is_capped_and_the_callers_secrets_masked(tmp_path: Path) -> None:
+    token = "worker-secret-abcdef"
+    seen: list[tuple[float, str]] = []
+    cmd = [sys.executable, "-c", LEAKY, token]
+    redact = Redactor([token])
+    result = run_child(
+        cmd, Limits(wall_s=60), tmp_path, lambda p, m: seen.append((p, m)), redact=redact
+    )
+    assert result.returncode == 2 and result.error == f"error: the token is {REDACTED}"
+    assert [p for p, _ in seen] == [0.5, 0.6, 0.7]  # the 200 KB line was skipped
+    assert seen[0][1] == f"using {REDACTED} and http://u:{REDACTED}@host/"
+    assert len(seen[1][1]) == 500
+    assert token not in json.dumps(seen)
+    unmasked: list[tuple[float, str]] = []
+    run_child(cmd, Limits(wall_s=60), tmp_path, lambda p, m: unmasked.append((p, m)))
+    assert token in unmasked[0][1]  # the control: without the caller's redactor it shows

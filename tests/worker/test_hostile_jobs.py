@@ -69,6 +69,7 @@ def test_a_live_worker_refuses_planted_models_and_leaves_nothing(
         worker_poll_s=0.1,
         worker_scratch_dir=scratch,
         worker_decision_cache=tmp_path / "cache" / "decisions.json",
+        worker_child_env=[MARKER_ENV],  # so a payload that ran would leave its marker
     )
     worker = Worker(settings, "cpu", HARDWARE, ServiceClient(url, None))
     jobs = {name: plant(app, hostile[name]) for name in PLANTED}

@@ -64,6 +64,7 @@ def make_worker(url: str, mode: str, monkeypatch: pytest.MonkeyPatch, **opts: An
         server=url,
         worker_tune_command=[sys.executable, "-m", "tests.worker.fake_tune"],
         worker_poll_s=0.1,
+        worker_child_env=["FAKE_TUNE", "FAKE_TUNE_STEP_S"],  # the fake's knobs
         **opts,
     )
     return Worker(settings, "cpu", HARDWARE, RecordingClient(url, None))

@@ -1,0 +1,129 @@
+"""SIGTERM ends `fxtune serve --embedded-worker` and `python -m examples.demo --keep-serving`
+together with every process they started (the service, its worker, a running tuning child):
+nothing is left behind as an orphan."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from service.launch import free_port
+from tests.service.helpers import REPO, children, fxtune_env, pid_alive, tiny_program, wait_for
+from tuner.sandbox import bwrap_works
+
+SANDBOX = "auto" if bwrap_works() else "none"
+
+
+def descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def terminate_and_check(proc: subprocess.Popen[bytes], tree: set[int]) -> None:
+    """SIGTERM the top process; it and every process of `tree` must be gone within 60 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the process did not exit within 60 s of SIGTERM") from None
+    left = lambda: [p for p in tree if pid_alive(p)]  # noqa: E731
+    try:
+        wait_for(lambda: not left(), 30, "every child to end")
+    finally:
+        for pid in left():
+            print("orphan:", pid, cmdline(pid))
+            os.kill(pid, signal.SIGKILL)
+
+
+def tuning_tree(pid: int) -> set[int]:
+    """Once a tuning child runs: the service's whole tree (worker, sandbox, tuner)."""
+    tree = descendants(pid)
+    return tree if any("fake_tune" in cmdline(p) for p in tree) else set()
+
+
+def test_sigterm_ends_fxtune_serve_and_its_worker_and_tuning_child(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_WORKER_SANDBOX=SANDBOX,
+        FXTUNE_WORKER_TUNE_COMMAND=f'["{sys.executable}", "-m", "tests.worker.fake_tune"]',
+        FXTUNE_WORKER_CHILD_ENV="FAKE_TUNE",
+        FXTUNE_WORKER_DECISION_CACHE=str(tmp_path / "cache" / "decisions.json"),
+        FXTUNE_WORKER_POLL_S="0.2",
+        FXTUNE_WORKER_SCRATCH_DIR=str(tmp_path / "scratch"),
+        FAKE_TUNE="sleep",
+    )
+    cmd = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port), "--embedded-worker"]
+    with (tmp_path / "serve.log").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _healthy(url), 120, "the service")
+        program = tmp_path / "tiny.pt2"
+        tiny_program(program)
+        with program.open("rb") as f:
+            httpx.post(f"{url}/api/v1/models", files={"file": f}, data={"tune": "true"})
+        tree = wait_for(lambda: tuning_tree(proc.pid), 120, "a tuning child to run")
+        assert len(tree) >= 3, [cmdline(p) for p in tree]  # worker, (sandbox,) tuner
+        terminate_and_check(proc, tree)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log_text = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in log_text, log_text[-3000:]
+    # Stopped, not killed: the worker cancelled the job and removed its folder on the way out.
+    assert "received SIGTERM; stopping after cleaning up" in log_text
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_sigterm_ends_the_demo_and_the_service_it_keeps_serving(tmp_path: Path) -> None:
+    env = fxtune_env(
+        FXTUNE_WORKER_SANDBOX=SANDBOX,
+        FXTUNE_WORKER_DECISION_CACHE=str(tmp_path / "cache" / "decisions.json"),
+        TMPDIR=str(tmp_path),
+    )
+    cmd = [sys.executable, "-m", "examples.demo", "--keep-serving", "--budget-s", "5"]
+    with (tmp_path / "demo.log").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # The service runs and its worker tunes the first example.
+        tree = wait_for(lambda: _demo_tree(proc.pid), 180, "the demo's service and a tuning job")
+        terminate_and_check(proc, tree)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not list(tmp_path.glob("fxtune-demo-*")), "the demo's temporary folder was left"
+
+
+def _demo_tree(pid: int) -> set[int]:
+    tree = descendants(pid)
+    lines = [cmdline(p) for p in tree]
+    serving = any(" serve " in line for line in lines)
+    tuning = any(" tune " in line for line in lines)
+    return tree if serving and tuning else set()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
