@@ -109,11 +109,17 @@ class ServiceClient:
 
     def download(self, job: Assignment, dest: Path) -> Path:
         """Stream the uploaded program to `dest`, checking it is the bytes the job names."""
-        return self.download_file(RankFile(job.model_id, job.sha256, job.artifact_url), dest)
+        file = RankFile(job.model_id, job.sha256, job.artifact_url)
+        return self.download_file(file, dest, job.lease_token)
 
-    def download_file(self, job: RankFile, dest: Path) -> Path:
+    def download_file(self, job: RankFile, dest: Path, lease_token: str) -> Path:
+        """A job's program, authorised by the job's lease alone (`X-Fxtune-Lease`)."""
         digest = hashlib.sha256()
-        with self.http.stream("GET", job.artifact_url) as resp, dest.open("wb") as out:
+        headers = {"X-Fxtune-Lease": lease_token}
+        with (
+            self.http.stream("GET", job.artifact_url, headers=headers) as resp,
+            dest.open("wb") as out,
+        ):
             if resp.is_error:
                 resp.read()
                 _raise_for(resp)

@@ -221,7 +221,7 @@ class Worker:
         if len(job.ranks) != job.world_size:
             raise ServiceError(f"job {job.job_id} names {len(job.ranks)} of its ranks' programs")
         for rank, file in enumerate(job.ranks):
-            self.client.download_file(file, workdir / RANK_INPUT.format(rank=rank))
+            self.client.download_file(file, workdir / RANK_INPUT.format(rank=rank), job.lease_token)
         return workdir / RANK_INPUT
 
     def command(self, job: Assignment, source: Path, out: Path) -> list[str]:

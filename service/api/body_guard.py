@@ -27,20 +27,12 @@ from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import (
-    bearer,
-    require_reader,
-    require_reader_or_worker,
-    require_worker,
-    require_writer,
-)
+from service.api.deps import bearer, require_reader, require_worker, require_writer
 
 AuthCheck = Callable[..., Awaitable[None]]
 # The auth dependencies that decide from headers alone (token, client address), so they can run
 # before the body; (request, settings, credentials) is their signature.
-HEADER_CHECKS: frozenset[AuthCheck] = frozenset(
-    {require_reader, require_writer, require_worker, require_reader_or_worker}
-)
+HEADER_CHECKS: frozenset[AuthCheck] = frozenset({require_reader, require_writer, require_worker})
 
 
 class BodyTooLarge(HTTPException):

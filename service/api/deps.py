@@ -99,7 +99,8 @@ async def require_writer(request: Request, settings: SettingsDep, creds: Credent
 
 
 async def require_worker(request: Request, settings: SettingsDep, creds: Credentials) -> None:
-    """Worker routes take the worker token only: a user cannot claim or complete jobs.
+    """The claim takes the worker token only: a user cannot claim jobs (what a claim returns,
+    the lease token, then authorises that one job).
 
     With no token configured at all (loopback mode), loopback workers need none.
     """
@@ -134,17 +135,6 @@ async def require_worker(request: Request, settings: SettingsDep, creds: Credent
     raise HTTPException(status.HTTP_403_FORBIDDEN, "invalid worker token")
 
 
-async def require_reader_or_worker(
-    request: Request, settings: SettingsDep, creds: Credentials
-) -> None:
-    """The uploaded program: its owner may read it back, and workers download it to tune."""
-    worker = settings.worker_secret
-    if creds is not None and worker is not None and _same_secret(creds.credentials, worker):
-        return
-    check_reader(request, settings, creds)
-
-
 Reader = Depends(require_reader)
 Writer = Depends(require_writer)
 WorkerAuth = Depends(require_worker)
-ReaderOrWorker = Depends(require_reader_or_worker)

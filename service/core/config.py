@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     )
     analysis_cpu_s: int = Field(default=600, ge=10, description="CPU-time cap of that child")
     analysis_wall_s: float = Field(default=300, gt=0, description="Wall-clock cap of that child")
+    result_check: Literal["verify", "none"] = Field(
+        default="verify",
+        description="verify: a worker's tuned program must answer as the upload does before it "
+        "is stored (a child runs both); none: stored unchecked, only where every worker is as "
+        "trusted as the service itself",
+    )
     analysis_sandbox: Literal["auto", "bwrap", "none"] = Field(
         default="auto",
         description="bubblewrap around that child: auto (where it runs), bwrap (required), none",

@@ -184,8 +184,12 @@ def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_pat
 
 @pytest.fixture
 def race_env(postgres: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
+    # This tests the queue, with planted models that have no upload: results go unchecked
+    # (checking a result runs a child per completion; tests/service/test_forged_results.py).
     yield fxtune_env(
-        FXTUNE_DATA_DIR=str(tmp_path / "data"), FXTUNE_DATABASE_URL=postgres.new_database()
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_DATABASE_URL=postgres.new_database(),
+        FXTUNE_RESULT_CHECK="none",
     )
 
 

@@ -144,7 +144,10 @@ def test_a_distributed_job_needs_ranks_of_one_structure_and_a_worker_with_enough
     assert two.status_code == 200, two.text
     ranks = two.json()["ranks"]
     assert [(r["rank"], r["model"]["id"]) for r in ranks] == [(0, rank0), (1, rank1)]
-    assert client.get(ranks[1]["artifact_url"]).content == (tmp_path / "rank1.pt2").read_bytes()
+    rank1 = client.get(
+        ranks[1]["artifact_url"], headers={"X-Fxtune-Lease": two.json()["lease_token"]}
+    )
+    assert rank1.content == (tmp_path / "rank1.pt2").read_bytes()
     # A 1-rank result (no program for rank 1, no distributed report) is refused.
     files = write_result(tmp_path / "out", program)
     resp = complete(client, two.json(), files)
@@ -161,7 +164,11 @@ def test_a_worker_round_trip_serves_config_artifact_and_report(
     assert gpu.status_code == 204
     job = claim(client)
     assert job["model"]["sha256"] == model["sha256"]
-    assert client.get(job["artifact_url"]).content == program.read_bytes()
+    lease = {"X-Fxtune-Lease": job["lease_token"]}
+    assert client.get(job["artifact_url"], headers=lease).content == program.read_bytes()
+    assert client.get(job["artifact_url"]).status_code == 401  # the lease, not the worker, opens it
+    wrong = client.get(job["artifact_url"], headers={"X-Fxtune-Lease": "forged"})
+    assert wrong.status_code == 409
     beat = client.post(
         f"/api/v1/jobs/{job['job']['id']}/heartbeat",
         json={"lease_token": job["lease_token"], "progress": 0.4, "message": "measuring"},
@@ -227,7 +234,8 @@ def test_a_training_job_gets_its_own_config_beside_the_inference_one(
     wrong = complete(client, train_job, write_result(tmp_path / "a", program, adamw))
     assert wrong.status_code == 422 and "optimizer adamw" in wrong.json()["detail"]
     trained = training_config(fingerprint, speedup=1.2)
-    assert complete(client, train_job, write_result(tmp_path / "t", program, trained)).is_success
+    done = complete(client, train_job, write_result(tmp_path / "t", program, trained))
+    assert done.is_success, done.text
 
     base = f"/api/v1/models/{model['id']}"
     for _ in range(2):  # the second time from the in-memory cache, still kept apart by mode

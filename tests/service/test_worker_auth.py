@@ -93,19 +93,30 @@ def test_worker_routes_refuse_the_user_token(
     claim = worker.post("/api/v1/jobs/claim", json=body).json()
     lease = {"lease_token": claim["lease_token"]}
     job = claim["job"]["id"]
-    # A forged completion with the user token, holding the real lease token, is still refused.
-    forged = complete(user, claim, write_result(tmp_path / "forged", programs["a"]))
-    assert forged.status_code == 403
-    assert user.post(f"/api/v1/jobs/{job}/heartbeat", json=lease).status_code == 403
-    assert user.post(f"/api/v1/jobs/{job}/fail", json={**lease, "error": "x"}).status_code == 403
+    # The lease token alone authorises the job's reports: no bearer token opens them without it.
+    wrong = {"lease_token": "not-the-lease"}
+    for who in (user, worker, clients["anon"]):
+        assert who.post(f"/api/v1/jobs/{job}/heartbeat", json=wrong).status_code == 409
+        assert who.post(f"/api/v1/jobs/{job}/fail", json={**wrong, "error": "x"}).status_code == 409
+        parts = write_result(tmp_path / "forged", programs["a"])
+        forged = complete(who, {**claim, "lease_token": "not-the-lease"}, parts)
+        assert forged.status_code == 409, forged.text
     assert user.get(f"/api/v1/jobs/{job}").json()["status"] == "running"
+    assert clients["anon"].post(f"/api/v1/jobs/{job}/heartbeat", json=lease).status_code == 200
     # The worker token is not a user token either.
     enqueue = worker.post(f"/api/v1/models/{model['id']}/jobs", json={"device": "cuda"})
     assert enqueue.status_code == 403
     assert worker.get("/api/v1/models").status_code == 403
-    # Both may download the uploaded program: its owner and the worker that tunes it.
-    for who in (user, worker):
-        assert who.get(claim["artifact_url"]).content == programs["a"].read_bytes()
+    # The owner reads the upload back; the job's program opens with its lease, to anyone
+    # holding it, and the worker token opens neither the upload nor another model's.
+    upload_url = f"/api/v1/models/{model['id']}/file"
+    assert user.get(upload_url).content == programs["a"].read_bytes()
+    assert worker.get(upload_url).status_code == 403
+    by_lease = clients["anon"].get(
+        claim["artifact_url"], headers={"X-Fxtune-Lease": lease["lease_token"]}
+    )
+    assert by_lease.content == programs["a"].read_bytes()
+    assert worker.get(claim["artifact_url"]).status_code == 401
     done = complete(worker, claim, write_result(tmp_path / "ok", programs["a"]))
     assert done.status_code == 200, done.text
 

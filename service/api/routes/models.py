@@ -21,7 +21,6 @@ from service.api.deps import (
     ArtifactsDep,
     ConfigCacheDep,
     Reader,
-    ReaderOrWorker,
     SettingsDep,
     StoreDep,
     Writer,
@@ -197,11 +196,12 @@ def get_model(model_id: IdPath, store: StoreDep) -> ModelOut:
 @router.get(
     "/models/{model_id}/file",
     response_class=FileResponse,
-    dependencies=[ReaderOrWorker],
+    dependencies=[Reader],
     responses={200: {"content": {"application/octet-stream": {}}}, **errors(401, 404, 422)},
 )
 def download_upload(model_id: IdPath, store: StoreDep, artifacts: ArtifactsDep) -> FileResponse:
-    """The uploaded program as it came in (what workers download)."""
+    """The uploaded program as it came in, for its owner (workers download a job's program
+    with its lease: `GET /jobs/{id}/program`)."""
     model = store.get_model(model_id)
     return _file(artifacts.path(model.sha256), f"{model.name}.pt2", model.sha256)
 

@@ -1,17 +1,23 @@
-"""The worker protocol: claim a job under a lease, heartbeat, then complete or fail it.
+"""The worker protocol: claim a job under a lease, download its program, heartbeat, then
+complete or fail it.
 
-Every report carries the lease token from the claim; once the lease has passed to a newer attempt
-(or the job has finished) the old token gets 409 and changes nothing. These routes take the
-worker token (FXTUNE_WORKER_TOKEN), never the user's; and a result is checked before it is
-stored: its program loads through the safe loader, its config names the job's model (fingerprint)
-and was measured on the job's kind of device.
+Only the claim takes the worker token (FXTUNE_WORKER_TOKEN), never the user's. The claim hands
+back a lease token, and that token alone authorises everything about that one job: downloading
+its program(s) (header `X-Fxtune-Lease`), heartbeats, failure and completion (field
+`lease_token`). It opens nothing else: not another job, not another model's upload. Once the
+lease has passed to a newer attempt (or the job has finished) the old token gets 409 and
+changes nothing. A result is checked before it is stored: its config names the job's model
+(fingerprint), device kind and mode, and the tuned program, in a sandboxed child, loads through
+the safe loader and answers as the original upload does on fresh inputs (`service.analysis`).
 """
 
 from __future__ import annotations
 
 import zipfile
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.analysis import ProgramAnalysis, UnloadableProgram
@@ -42,7 +48,8 @@ from service.distributed import program_field, rank_results
 from service.reports import ReportError, load_json_report, load_report, tuning_result
 from service.store import AbstractStore, Job, Model, NotFound, StaleLease, TuningResult
 
-router = APIRouter(tags=["workers"], dependencies=[WorkerAuth])
+router = APIRouter(tags=["workers"])
+LEASE_HEADER = "X-Fxtune-Lease"
 
 MB = 1024 * 1024
 RESULT_FILES = frozenset({"report", "program", "aoti", "trace_baseline", "trace_tuned"})
@@ -68,6 +75,7 @@ COMPLETE_BODY = {
 
 @router.post(
     "/jobs/claim",
+    dependencies=[WorkerAuth],
     response_model=ClaimOut,
     responses={
         204: {"description": "No job is ready for this device"},
@@ -80,11 +88,12 @@ def claim(body: ClaimIn, store: StoreDep) -> ClaimOut | Response:
     if got is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     model = store.get_model(got.job.model_id)
+    program = f"/api/v1/jobs/{got.job.id}/program"
     ranks = [
         RankProgram(
             rank=rank,
             model=ModelRef.model_validate(store.get_model(i), from_attributes=True),
-            artifact_url=f"/api/v1/models/{i}/file",
+            artifact_url=f"{program}?rank={rank}",
         )
         for rank, i in enumerate(got.job.rank_models or [])
     ]
@@ -93,8 +102,35 @@ def claim(body: ClaimIn, store: StoreDep) -> ClaimOut | Response:
         lease_token=got.lease_token,
         lease_s=got.lease_s,
         model=ModelRef.model_validate(model, from_attributes=True),
-        artifact_url=f"/api/v1/models/{model.id}/file",
+        artifact_url=program,
         ranks=ranks,
+    )
+
+
+@router.get(
+    "/jobs/{job_id}/program",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}, **errors(401, 404, 409, 422)},
+)
+def download_program(
+    job_id: IdPath,
+    store: StoreDep,
+    artifacts: ArtifactsDep,
+    lease: Annotated[str | None, Header(alias=LEASE_HEADER)] = None,
+    rank: Annotated[int, Query(ge=0, lt=MAX_WORLD_SIZE)] = 0,
+) -> FileResponse:
+    """The job's uploaded program (rank `rank` of a distributed job), for its lease holder."""
+    if not lease:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, f"the {LEASE_HEADER} header is required")
+    job = store.check_lease(job_id, lease)
+    models = job.rank_models or [job.model_id]
+    if rank >= len(models):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} has no rank {rank}")
+    model = store.get_model(models[rank])
+    return FileResponse(
+        artifacts.path(model.sha256),
+        media_type="application/octet-stream",
+        filename=f"{model.name}.pt2",
     )
 
 
@@ -145,7 +181,8 @@ async def complete(
         max_body_bytes=cap * world + MB,
     )
     try:
-        return await _complete(job_id, form, store, artifacts, cache, analysis)
+        verify = settings.result_check == "verify"
+        return await _complete(job_id, form, store, artifacts, cache, analysis, verify)
     finally:
         form.discard()
 
@@ -168,14 +205,16 @@ async def _complete(
     artifacts: ArtifactStore,
     cache: ConfigCache,
     analysis: ProgramAnalysis,
+    verify: bool,
 ) -> JobOut:
+    """`verify` False (FXTUNE_RESULT_CHECK=none): the result's programs are stored unchecked."""
     token = form.fields.get("lease_token")
     if not token:
         raise missing_field("lease_token")
     leased = await run_in_threadpool(store.check_lease, job_id, token)
     if leased.world_size > 1:
         return await _complete_distributed(
-            job_id, token, leased, form, store, artifacts, cache, analysis
+            job_id, token, leased, form, store, artifacts, cache, analysis if verify else None
         )
     for name in ("report", "program"):
         if name not in form.files:
@@ -192,16 +231,22 @@ async def _complete(
     except ReportError as exc:
         raise _unprocessable(str(exc)) from None
     model = await _check_result_fits_job(result, leased, store, artifacts, analysis)
-    try:  # the tuned program must answer as the upload does (a forged one does not)
-        await run_in_threadpool(
-            analysis.verify,
-            artifacts.path(model.sha256),
-            form.files["program"].path,
-            result.config,
-            f"the tuned program of job {job_id}",
-        )
-    except UnloadableProgram as exc:
-        raise _unprocessable(str(exc)) from None
+    if verify:  # the tuned program must answer as the upload does
+        original = artifacts.path(model.sha256)
+        if not original.is_file():
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"model {model.id}'s upload is missing from the store"
+            )
+        try:
+            await run_in_threadpool(
+                analysis.verify,
+                original,
+                form.files["program"].path,
+                result.config,
+                f"the tuned program of job {job_id}",
+            )
+        except UnloadableProgram as exc:
+            raise _unprocessable(str(exc)) from None
     added = _store_all(artifacts, list(form.files.values()))
     try:
         job, _ = await run_in_threadpool(store.complete_job, job_id, token, result)
@@ -262,7 +307,7 @@ async def _complete_distributed(
     store: AbstractStore,
     artifacts: ArtifactStore,
     cache: ConfigCache,
-    analysis: ProgramAnalysis,
+    analysis: ProgramAnalysis | None,
 ) -> JobOut:
     """The distributed report and one tuned program per rank; each rank model gets a config."""
     if "report" not in form.files:
@@ -275,7 +320,7 @@ async def _complete_distributed(
     try:
         report = load_json_report(form.files["report"].path.read_bytes())
         results = rank_results(report, job, models, {n: s.sha256 for n, s in form.files.items()})
-        for field in sorted(fields):
+        for field in sorted(fields) if analysis is not None else ():
             await run_in_threadpool(analysis.check_loadable, form.files[field].path, field)
     except (ReportError, UnloadableProgram) as exc:
         raise _unprocessable(str(exc)) from None
