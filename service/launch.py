@@ -16,8 +16,6 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -31,7 +29,8 @@ def serve_process(
 ) -> Iterator[str]:
     """`fxtune serve [args]` on a free loopback port; yields its base URL, stops it on exit.
 
-    Stopping the service also stops an embedded worker (it dies with its parent).
+    Stopping the service also stops an embedded worker (it dies with its parent). It runs in
+    the log's folder, not in a checkout: the service must find everything as package data.
     """
     port = free_port()
     command = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port)]
@@ -39,7 +38,7 @@ def serve_process(
         command += ["--log-level", "warning"]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*command, *args], cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT
+            [*command, *args], cwd=log.parent, env=dict(env), stdout=out, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
     try:
