@@ -126,6 +126,14 @@ def serve_cmd(
         raise typer.Exit(1)
     import uvicorn
 
+    from tuner.errors import UncheckedTorchError
+    from tuner.torch_compat import check_torch
+
+    try:
+        check_torch()  # uploads are checked with torch's export schema (tuner.program_schema)
+    except UncheckedTorchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     from service.db.engine import make_engine
     from service.db.migrate import SchemaMismatch, upgrade_to_head
     from service.main import create_app

@@ -39,13 +39,19 @@ def worker_cmd(
     ] = None,
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
-    from tuner.errors import DeviceUnavailableError
+    from tuner.errors import DeviceUnavailableError, UncheckedTorchError
+    from tuner.torch_compat import check_torch
     from worker.client import ServiceError
     from worker.config import WorkerSettings
     from worker.hardware import detect
     from worker.loop import Worker, install_signal_handlers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    try:
+        check_torch()  # every job would fail on an unchecked torch: say so once, claim nothing
+    except UncheckedTorchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.INTERNAL) from None
     given = {"server": server, "worker_token": token, "worker_ranks": ranks}
     overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)
