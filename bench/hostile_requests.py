@@ -177,7 +177,7 @@ def run_case(case: Case, repo: Path, root: Path) -> Result:
         FXTUNE_WORKER_TOKEN=WORKER,
         PYTHONPATH=str(repo),
     )
-    with serve_process(env, root / "serve.log", cwd=repo) as url:
+    with serve_process(env, root / "serve.log") as url:  # PYTHONPATH names the checkout
         port = int(url.rsplit(":", 1)[1])
         pid = service_pid(port)
         time.sleep(1.0)  # let start-up allocations settle

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import secrets
 import signal
@@ -28,6 +29,31 @@ ServerOpt = Annotated[
 TokenOpt = Annotated[
     str | None, typer.Option(help="Bearer token (env FXTUNE_API_TOKEN)", show_default=False)
 ]
+
+
+# What `fxtune serve` imports beyond the base install (module: the distribution that has it).
+SERVICE_EXTRA = {
+    "fastapi": "fastapi",
+    "uvicorn": "uvicorn",
+    "sqlalchemy": "sqlalchemy",
+    "alembic": "alembic",
+    "jinja2": "jinja2",
+    "python_multipart": "python-multipart",
+}
+
+
+def missing_for_serve(database_url: str) -> tuple[str, list[str]]:
+    """(the extra to install, the distributions it would bring that are missing here).
+
+    The base install (`pip install fxtune`) has no web server and no database; asking it to
+    serve must say what to install, not end in an ImportError traceback.
+    """
+    missing = [dist for mod, dist in SERVICE_EXTRA.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        return "service", missing
+    if database_url.startswith("postgresql") and importlib.util.find_spec("psycopg") is None:
+        return "postgres", ["psycopg"]
+    return "", []
 
 
 def _local_url(host: str, port: int) -> str:
@@ -100,15 +126,32 @@ def serve_cmd(
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
     """Run the HTTP API (uvicorn); settings come from FXTUNE_* variables."""
+    from service.core.config import get_settings
+
+    settings = get_settings()
+    extra, missing = missing_for_serve(settings.resolved_database_url)
+    if missing:
+        typer.echo(
+            f"error: `fxtune serve` needs fxtune's {extra} extra (missing: {', '.join(missing)}); "
+            f"install it with: pip install 'fxtune[{extra}]'",
+            err=True,
+        )
+        raise typer.Exit(1)
     import uvicorn
 
-    from service.core.config import get_settings
+    from tuner.errors import UncheckedTorchError
+    from tuner.torch_compat import check_torch
+
+    try:
+        check_torch()  # uploads are checked with torch's export schema (tuner.program_schema)
+    except UncheckedTorchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     from service.db.engine import make_engine
     from service.db.migrate import SchemaMismatch, upgrade_to_head
     from service.main import create_app
 
     exit_on_signals()
-    settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.resolved_database_url)
     try:

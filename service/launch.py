@@ -17,9 +17,6 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-
-
 PR_SET_PDEATHSIG = 1
 
 
@@ -41,11 +38,11 @@ def serve_process(
     log: Path,
     *args: str,
     start_timeout_s: float = 120,
-    cwd: Path = REPO,
 ) -> Iterator[str]:
     """`fxtune serve [args]` on a free loopback port; yields its base URL, stops it on exit.
 
-    Stopping the service also stops an embedded worker (it dies with its parent).
+    Stopping the service also stops an embedded worker (it dies with its parent). It runs in
+    the log's folder, not in a checkout: the service must find everything as package data.
     """
     port = free_port()
     command = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port)]
@@ -54,7 +51,7 @@ def serve_process(
     with log.open("w") as out:
         proc = subprocess.Popen(
             [*command, *args],
-            cwd=cwd,
+            cwd=log.parent,
             env=dict(env),
             stdout=out,
             stderr=subprocess.STDOUT,

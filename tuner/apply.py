@@ -6,16 +6,15 @@ import operator
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from torch import fx
 from torch.export import ExportedProgram
-from torch.fx.passes.tools_common import stable_topological_sort
 
 from tuner.capture import Inputs, example_inputs, refresh_meta, to_graph_module, to_program
 from tuner.errors import PassError
 from tuner.graph import is_training
 from tuner.passes import get_pass
 from tuner.sites import Site
+from tuner.torch_compat import private, torch_ops
 
 Packer = Callable[[Inputs], Inputs]
 # (pass name, site ids to rewrite or None for every site the pass finds)
@@ -43,7 +42,7 @@ class Transformed:
 
 def cleanup(gm: fx.GraphModule) -> None:
     """Restore the invariants passes rely on: sorted, no dead nodes, no orphaned weights."""
-    stable_topological_sort(gm)
+    private("torch.fx.passes.tools_common").stable_topological_sort(gm)
     gm.graph.eliminate_dead_code()
     used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     for name, _ in list(gm.named_buffers()) + list(gm.named_parameters()):
@@ -97,5 +96,5 @@ def count_ops(gm: fx.GraphModule) -> int:
         for n in gm.graph.nodes
         if n.op == "call_function"
         and n.target is not operator.getitem
-        and isinstance(n.target, torch._ops.OpOverload)
+        and isinstance(n.target, torch_ops.OpOverload)
     )

@@ -197,13 +197,12 @@ def package_aoti(program: ExportedProgram, path: Path, *, instrumented: bool = F
     """
     from contextlib import nullcontext
 
-    from torch._inductor import aoti_compile_and_package
-
     from tuner.profiling.counting import inductor_kernel_ranges
+    from tuner.torch_compat import inductor
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with inductor_kernel_ranges() if instrumented else nullcontext():
-        return Path(aoti_compile_and_package(program, package_path=str(path)))
+        return Path(inductor.aoti_compile_and_package(program, package_path=str(path)))
 
 
 # AOTInductor packages check their inputs (sizes against the static sizes and dynamic ranges
@@ -219,7 +218,7 @@ def load_aoti(path: Path) -> Runner:
     """
     import os
 
-    from torch._inductor import aoti_load_package
+    from tuner.torch_compat import inductor
 
     os.environ[CHECK_INPUTS_ENV] = "1"
-    return aoti_load_package(str(path))
+    return inductor.aoti_load_package(str(path))

@@ -8,17 +8,14 @@ lifts everything back into a program that saves and loads with plain torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export import ExportedProgram
-from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch.utils import _pytree as pytree
 
 from tuner.errors import InputError
 from tuner.graph import TRAIN_KEY
@@ -28,6 +25,10 @@ from tuner.shapes import (
     dynamic_shapes_for,
     spec_from_placeholders,
 )
+from tuner.torch_compat import fake_tensor, fake_tensor_prop, fx_graph, private, pytree
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
 Inputs = tuple[Any, ...]
 
@@ -97,15 +98,22 @@ def to_graph_module(program: ExportedProgram, *, train: bool = False) -> fx.Grap
     return gm
 
 
-class _FakeProp(FakeTensorProp):
-    """FakeTensorProp that reads weights as fakes of the same mode: a real weight meeting a
-    symbolic activation (an affine broadcast to (s0, N, D)) cannot be expanded symbolically."""
+@functools.cache
+def _fake_prop() -> type:
+    """A class built on first use: its base is private torch (tuner/torch_compat.py)."""
 
-    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
-        value = super().get_attr(target, args, kwargs)
-        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
-            return self._mode.from_tensor(value, static_shapes=True)
-        return value
+    class _FakeProp(fake_tensor_prop.FakeTensorProp):
+        """FakeTensorProp that reads weights as fakes of the same mode: a real weight meeting a
+        symbolic activation (an affine broadcast to (s0, N, D)) cannot be expanded
+        symbolically."""
+
+        def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+            value = super().get_attr(target, args, kwargs)
+            if isinstance(value, torch.Tensor) and not isinstance(value, fake_tensor.FakeTensor):
+                return self._mode.from_tensor(value, static_shapes=True)
+            return value
+
+    return _FakeProp
 
 
 def _python_dispatcher() -> contextlib.AbstractContextManager[Any]:
@@ -113,8 +121,8 @@ def _python_dispatcher() -> contextlib.AbstractContextManager[Any]:
     only through the Python dispatcher. Private in torch; without it, symbolic propagation of
     those ops fails, and the pass that made them is refused (fail closed)."""
     try:
-        from torch._dispatch.python import enable_python_dispatcher
-    except ImportError:
+        enable_python_dispatcher = private("torch._dispatch.python").enable_python_dispatcher
+    except (ImportError, AttributeError):
         return contextlib.nullcontext()
     return enable_python_dispatcher()
 
@@ -124,7 +132,7 @@ def _fake_mode_of(gm: fx.GraphModule) -> FakeTensorMode | None:
     for node in gm.graph.find_nodes(op="placeholder"):
         v = node.meta.get("val")
         mode = getattr(v, "fake_mode", None)
-        if isinstance(mode, FakeTensorMode):
+        if isinstance(mode, fake_tensor.FakeTensorMode):
             return mode
     return None
 
@@ -139,7 +147,7 @@ def refresh_meta(gm: fx.GraphModule, inputs: Inputs) -> None:
     """
     mode = _fake_mode_of(gm)
     if mode is None:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        mode = fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)
     fake: list[Any] = []
     for node, x in zip(gm.graph.find_nodes(op="placeholder"), inputs, strict=True):
         v = node.meta.get("val")
@@ -153,7 +161,7 @@ def refresh_meta(gm: fx.GraphModule, inputs: Inputs) -> None:
     mode.allow_non_fake_inputs = True
     try:
         with _python_dispatcher():
-            _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
+            _fake_prop()(gm, mode).propagate_dont_convert_inputs(*fake)
     finally:
         mode.allow_non_fake_inputs = allowed
     check_still_dynamic(gm)
@@ -182,8 +190,8 @@ def set_positional_inputs(gm: fx.GraphModule, names: Sequence[str]) -> None:
     if list(names) != targets:
         raise ValueError(f"inputs {list(names)} do not match the graph's placeholders {targets}")
     codegen = gm.graph._codegen
-    if isinstance(codegen, _PyTreeCodeGen):
+    if isinstance(codegen, fx_graph._PyTreeCodeGen):
         in_spec = pytree.tree_structure((tuple(names), {}))
         out_spec = codegen.pytree_info.out_spec
-        codegen.pytree_info = _PyTreeInfo(list(names), in_spec, out_spec)
+        codegen.pytree_info = fx_graph._PyTreeInfo(list(names), in_spec, out_spec)
     gm.recompile()

@@ -31,7 +31,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+
+from tuner.torch_compat import pytree
 
 WARMUP_CALLS = 3
 MAX_GRAPHS = 8  # each graph holds a private memory pool: a bound on what a deployment keeps
@@ -106,12 +107,12 @@ class GraphedModule(nn.Module):
         return len(self._graphs)
 
     def _new(self, args: tuple[Any, ...]) -> _Captured:
-        static = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, args)
+        static = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, args)
         graph, outputs = self._capture(self.module, static, self.warmup_calls)
-        return _Captured(graph, tree_flatten(static)[0], outputs)
+        return _Captured(graph, pytree.tree_flatten(static)[0], outputs)
 
     def forward(self, *args: Any) -> Any:
-        flat, spec = tree_flatten(args)
+        flat, spec = pytree.tree_flatten(args)
         key = _signature(flat, spec)
         captured = self._graphs.get(key)
         if captured is None:
@@ -123,4 +124,6 @@ class GraphedModule(nn.Module):
             if isinstance(buffer, torch.Tensor):
                 buffer.copy_(x)
         captured.graph.replay()
-        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, captured.outputs)
+        return pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, captured.outputs
+        )

@@ -42,6 +42,7 @@ from tuner.lockstep import LockstepTiming, lockstep_timing
 from tuner.measure import Comparison, fresh_inputs, summarise, verdict
 from tuner.overlap_profile import blocked_per_step, breakdown, comm_alone, instrumented, median
 from tuner.passes import get_pass
+from tuner.torch_compat import pytree
 
 PASS = "overlap_comm_compute"
 REPORT_VERSION = 1
@@ -90,8 +91,8 @@ def _outputs_match(
         for args in fresh_inputs(inputs, n, seed=7):
             want, got = current(*args), candidate(*args)
             for w, g in zip(
-                torch.utils._pytree.tree_leaves(want),
-                torch.utils._pytree.tree_leaves(got),
+                pytree.tree_leaves(want),
+                pytree.tree_leaves(got),
                 strict=True,
             ):
                 worst = max(worst, float((w.double() - g.double()).abs().max()))

@@ -21,6 +21,11 @@ class LoaderUnavailableError(FxtuneError):
     """This torch lacks what the safe loader needs, so it refuses to load rather than fall back."""
 
 
+class UncheckedTorchError(FxtuneError):
+    """This torch is not one fxtune's private-API uses were checked on (tuner/torch_compat.py):
+    fxtune refuses rather than guess what those APIs do here."""
+
+
 class UnsupportedDeviceError(FxtuneError, ValueError):
     """The device string names no device kind fxtune can tune on, or is malformed.
 

@@ -14,6 +14,7 @@ from tuner.errors import (
     FxtuneError,
     LoaderUnavailableError,
     RankFailedError,
+    UncheckedTorchError,
     UnsafeArtifactError,
 )
 
@@ -32,6 +33,7 @@ EXIT_CODES: dict[type[BaseException], ExitCode] = {
     DeviceUnavailableError: ExitCode.DEVICE,
     LoaderUnavailableError: ExitCode.INTERNAL,  # this torch's fault, not the user's
     RankFailedError: ExitCode.INTERNAL,  # a rank died: any cause, retry may succeed
+    UncheckedTorchError: ExitCode.INTERNAL,  # this host's torch: another worker's may be checked
     FxtuneError: ExitCode.USER_INPUT,
 }
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_map
 
 from tuner.capture import refresh_meta
 from tuner.graph import TRAIN_KEY, is_training
 from tuner.passes.base import GraphPass
 from tuner.sites import Site
+from tuner.torch_compat import pytree
 
 
 def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -43,7 +43,7 @@ def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def _detached_copy(value: Any) -> Any:
     """A copy that later in-place ops of the run cannot change behind our back."""
-    return tree_map(lambda v: _copy_tensor(v) if isinstance(v, torch.Tensor) else v, value)
+    return pytree.tree_map(lambda v: _copy_tensor(v) if isinstance(v, torch.Tensor) else v, value)
 
 
 class _Recorder(fx.Interpreter):

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from tuner.torch_compat import torch_ops
+
 aten = torch.ops.aten
 
 
@@ -148,7 +150,7 @@ def mutated_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     """Nodes written in place directly; `mutated_aliases` adds every view sharing their storage."""
     mutated: set[fx.Node] = set()
     for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(node.target, torch_ops.OpOverload):
             continue
         schema = node.target._schema
         for i, a in enumerate(schema.arguments):
@@ -209,7 +211,7 @@ def _alias_sources(node: fx.Node) -> list[fx.Node]:
     """The inputs whose storage `node`'s output may share (views, in-place results, pieces)."""
     if is_call(node, operator.getitem):
         return [node.args[0]] if isinstance(node.args[0], fx.Node) else []
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(node.target, torch_ops.OpOverload):
         return []
     schema = node.target._schema
     # Lists of views (split's `Tensor(a)[]`) keep their alias set on the element type, which

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from tuner.device import Device
 from tuner.errors import DeviceUnavailableError
 from tuner.summary import Summary, order_rank, summarize
+from tuner.torch_compat import pytree
 
 MIN_SAMPLE_S = 2e-3
 # How many times the reference's own error (spread, distance from float64) a candidate may add.
@@ -377,7 +377,7 @@ def _warm_up(
 
 def _cloned(inputs: tuple) -> tuple:
     """Each call gets its own copy, so an in-place op in one cannot change what the next sees."""
-    return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, inputs)
+    return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, inputs)
 
 
 def _float64_twin(reference: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -395,7 +395,7 @@ def _float64_twin(reference: Callable[..., Any]) -> Callable[..., Any] | None:
 
     def run(*inputs: Any) -> Any:
         return twin(
-            *tree_map(
+            *pytree.tree_map(
                 lambda v: (
                     v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                 ),
@@ -424,16 +424,16 @@ def check_outputs(
     twin = _float64_twin(reference)
     with torch.inference_mode():
         for i, inputs in enumerate(inputs_list):
-            first = tree_flatten(reference(*_cloned(inputs)))[0]
-            second = tree_flatten(reference(*_cloned(inputs)))[0]
+            first = pytree.tree_flatten(reference(*_cloned(inputs)))[0]
+            second = pytree.tree_flatten(reference(*_cloned(inputs)))[0]
             try:
-                got = tree_flatten(candidate(*_cloned(inputs)))[0]
+                got = pytree.tree_flatten(candidate(*_cloned(inputs)))[0]
             except Exception as exc:
                 return f"input set {i}: the candidate raised {type(exc).__name__}: {exc}"
             exact: list[Any] | None = None
             if twin is not None:
                 try:
-                    exact = tree_flatten(twin(*_cloned(inputs)))[0]
+                    exact = pytree.tree_flatten(twin(*_cloned(inputs)))[0]
                 except Exception:
                     twin = None
             if len(got) != len(first):
@@ -513,7 +513,7 @@ def fresh_inputs(inputs: tuple, count: int, seed: int = 0) -> list[tuple]:
     are kept, because changing them would make the inputs invalid, not merely new.
     """
     gen = torch.Generator().manual_seed(seed)
-    return [tree_map(lambda v: _perturbed(v, gen), inputs) for _ in range(count)]
+    return [pytree.tree_map(lambda v: _perturbed(v, gen), inputs) for _ in range(count)]
 
 
 def _perturbed(value: Any, gen: torch.Generator) -> Any:

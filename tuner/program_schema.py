@@ -28,6 +28,7 @@ from typing import Any
 from tuner.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
 from tuner.op_policy import refusal
 from tuner.sym_expr import canonical_expression, check_guard, check_range_key
+from tuner.torch_compat import private
 
 MAX_DEPTH = 200
 MAX_TEXT = 4096
@@ -260,8 +261,8 @@ def _range_key(value: str, path: str) -> str:
 @functools.cache
 def _schema() -> types.ModuleType:
     try:
-        from torch._export.serde import schema, union
-
+        schema = private("torch._export.serde.schema")
+        union = private("torch._export.serde.union")
         schema.ExportedProgram, schema.PayloadConfig, union._Union  # noqa: B018 - probed
     except (ImportError, AttributeError) as exc:
         raise LoaderUnavailableError(
@@ -276,9 +277,8 @@ def _fields(cls: type) -> dict[str, Any]:
 
 
 def _is_union(cls: type) -> bool:
-    from torch._export.serde.union import _Union
-
-    return isinstance(cls, type) and issubclass(cls, _Union)
+    union = private("torch._export.serde.union")
+    return isinstance(cls, type) and issubclass(cls, union._Union)
 
 
 class _Walker:

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.profiler import record_function
-from torch.utils._pytree import tree_flatten, tree_map
 
 from tuner.measure import leaf_mismatch
 from tuner.profiling.analysis import phase_range
+from tuner.torch_compat import pytree
 
 LOSS_RULE = "sum over floating outputs of their mean (no scalar output to use as the loss)"
 
@@ -62,7 +62,7 @@ Forward = Callable[..., tuple[torch.Tensor, Any]]
 
 def loss_of(outputs: Any) -> torch.Tensor:
     """The step's loss from the program's outputs (see the module docstring)."""
-    flat = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
+    flat = [t for t in pytree.tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
     floats = [t for t in flat if t.is_floating_point()]
     for t in floats:
         if t.dim() == 0:
@@ -182,7 +182,7 @@ class TrainRunner:
             loss, (out, grads) = self._run(inputs, opt)
         detach = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
         record = StepRecord(
-            outputs=[detach(v) for v in tree_flatten(out)[0]],
+            outputs=[detach(v) for v in pytree.tree_flatten(out)[0]],
             loss=loss.detach().clone(),
             grads={n: None if g is None else g.detach().clone() for n, g in grads.items()},
             params={n: p.detach().clone() for n, p in self.module.named_parameters()},
@@ -235,7 +235,7 @@ RUNNERS: dict[str, Callable[[nn.Module, str | None, torch.device | None], TrainR
 
 
 def _doubled(inputs: tuple) -> tuple:
-    return tree_map(
+    return pytree.tree_map(
         lambda v: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v,
         inputs,
     )
@@ -439,7 +439,11 @@ def _leaves(inputs: tuple, wanted: list[bool]) -> tuple:
 
 
 def _carried(outputs: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    return [
+        t
+        for t in pytree.tree_flatten(outputs)[0]
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
 
 
 def _upstream(carried: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
@@ -486,7 +490,7 @@ def _site_record(
         loss = loss + (t.detach() * g).sum()
     detach = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
     return StepRecord(
-        outputs=[detach(v) for v in tree_flatten(out)[0]],
+        outputs=[detach(v) for v in pytree.tree_flatten(out)[0]],
         loss=loss,
         grads={
             name: None if g is None else g.detach().clone()

@@ -53,6 +53,7 @@ from tuner.measure import compare, fixed_threads, fresh_inputs, quick_per_call_s
 from tuner.passes import get_pass, pass_names
 from tuner.search import Progress, SearchResult
 from tuner.shapes import spec_of
+from tuner.torch_compat import pytree
 from tuner.training import (
     LOSS_RULE,
     RUNNERS,
@@ -99,7 +100,7 @@ def loss_rule(gm: fx.GraphModule, inputs: Inputs) -> str:
     Run on a copy: a training graph's batch norms update their running statistics in place.
     """
     with torch.no_grad():
-        flat = torch.utils._pytree.tree_flatten(copy.deepcopy(gm)(*inputs))[0]
+        flat = pytree.tree_flatten(copy.deepcopy(gm)(*inputs))[0]
     for j, t in enumerate(flat):
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 0:
             return f"the program's scalar output {j}"

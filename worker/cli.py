@@ -44,8 +44,9 @@ def worker_cmd(
     ] = None,
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
-    from tuner.errors import DeviceUnavailableError
+    from tuner.errors import DeviceUnavailableError, UncheckedTorchError
     from tuner.sandbox import SandboxUnavailable, resolve_sandbox
+    from tuner.torch_compat import check_torch
     from worker.client import ServiceError
     from worker.config import WorkerSettings
     from worker.hardware import detect
@@ -54,6 +55,11 @@ def worker_cmd(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
     for sig in (signal.SIGTERM, signal.SIGHUP):  # until the loop's own handlers: unwind (and
         signal.signal(sig, _leave)  # subprocess.run kills the device probe on the way out)
+    try:
+        check_torch()  # every job would fail on an unchecked torch: say so once, claim nothing
+    except UncheckedTorchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.INTERNAL) from None
     given = {"server": server, "worker_token": token, "worker_ranks": ranks}
     overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)

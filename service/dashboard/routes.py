@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, get_args
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -14,12 +13,12 @@ from service.api.schemas import Device, IdPath
 from service.dashboard import format as fmt
 from service.dashboard import views
 from service.dashboard.auth import TOKEN_COOKIE, LoginRequired, require_page_reader
+from service.package_data import package_dir
 from service.store import NotFound
 from tuner.config import Mode
 from tuner.training import optimizer_names
 
-HERE = Path(__file__).resolve().parent
-STATIC_DIR = HERE / "static"
+STATIC_DIR = package_dir("service.dashboard", "static")
 DEVICES = get_args(Device)
 
 # Everything is served from here; data reaches scripts as JSON blocks, never as inline code.
@@ -33,7 +32,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 
-templates = Jinja2Templates(directory=HERE / "templates")
+templates = Jinja2Templates(directory=package_dir("service.dashboard", "templates"))
 templates.env.filters.update(fmt.filters())
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_page_reader)])

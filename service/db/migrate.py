@@ -12,24 +12,33 @@ from alembic.util import CommandError
 from sqlalchemy import Engine
 
 from service.db.engine import IMMEDIATE
+from service.package_data import package_dir
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+# The repository's migrations/ directory, shipped in the wheel as the package service.migrations.
+MIGRATIONS_PACKAGE = "service.migrations"
 
 
 class SchemaMismatch(RuntimeError):
     """The database holds a schema revision this version of fxtune does not know."""
 
 
+def migrations_dir() -> Path:
+    return package_dir(MIGRATIONS_PACKAGE)
+
+
 def alembic_config() -> Config:
+    """alembic.ini's settings that matter at run time, in code: the service reads no .ini file
+    (alembic.ini is for developers running `alembic` from the repository)."""
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("path_separator", "os")
     return cfg
 
 
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
-        raise SchemaMismatch(f"no migrations found under {MIGRATIONS_DIR}")
+        raise SchemaMismatch(f"no migrations found under {migrations_dir()}")
     return head
 
 

@@ -115,3 +115,61 @@ def test_workers_reach_the_service_by_a_name_it_accepts(tmp_path: Path) -> None:
         assert claim.status_code == 204
     with TestClient(create_app(settings), base_url="http://evil.example:8000") as client:
         assert client.get("/healthz").status_code == 403
+
+
+def dockerfile_stages() -> list[list[str]]:
+    """The Dockerfile's instructions (continuation lines joined), one list per FROM stage."""
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    stages: list[list[str]] = []
+    for line in (ln.strip() for ln in text.splitlines()):
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("FROM "):
+            stages.append([])
+        stages[-1].append(" ".join(line.split()))
+    return stages
+
+
+def test_the_image_installs_the_built_wheel_and_runs_as_a_user() -> None:
+    """Docker is not available to this project's CI: the build's shape is checked here. The
+    runtime stage holds what the wheel installs, not the checkout, and does not run as root."""
+    build, runtime = dockerfile_stages()[0], dockerfile_stages()[-1]
+    name = build[0].split(" AS ")[1]
+    assert any(i.startswith("RUN pip wheel") and "--no-deps" in i for i in build)
+    assert f"COPY --from={name} /dist/ /tmp/dist/" in runtime
+    assert not [i for i in runtime if i.startswith(("COPY . ", "ADD "))]
+    installs = [i for i in runtime if i.startswith("RUN ") and "pip install" in i]
+    assert not [i for i in installs if " -e " in i or "--editable" in i]
+    assert any('fxtune-*.whl)[service,postgres]"' in i for i in installs), installs
+    torch_pin = next(ln for ln in (REPO / "constraints.txt").read_text().splitlines()
+                     if ln.startswith("torch=="))  # fmt: skip
+    assert any(torch_pin in i for i in installs), torch_pin
+    users = [i for i in runtime if i.startswith("USER ")]
+    assert users and users[-1] not in ("USER root", "USER 0")
+    last_run = max(k for k, i in enumerate(runtime) if i.startswith("RUN "))
+    assert runtime.index(users[-1]) > last_run  # nothing after it runs as root
+    assert runtime[-1].startswith("CMD ")
+
+
+def test_compose_references_resolve() -> None:
+    """What `docker compose config` would refuse: unknown services in depends_on, undeclared
+    volumes, a build context without a Dockerfile, variables the header does not document."""
+    declared = set(COMPOSE.get("volumes", {}))
+    header = (REPO / "docker-compose.yml").read_text().split("\nname:")[0]
+    for name, service in SERVICES.items():
+        assert ("image" in service) != ("build" in service), name
+        build = service.get("build")
+        if build is not None:
+            context = build if isinstance(build, str) else build["context"]
+            assert (REPO / context / "Dockerfile").is_file(), name
+        for dep, cond in service.get("depends_on", {}).items():
+            assert dep in SERVICES and dep != name, (name, dep)
+            if cond.get("condition") == "service_healthy":
+                assert "healthcheck" in SERVICES[dep], (name, dep)
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            assert source in declared or source.startswith(("/", ".")), (name, volume)
+        assert "user" not in service or service["user"] not in ("root", "0"), name
+        text = json.dumps(service)
+        for var in re.findall(r"\$\{(\w+)", text):
+            assert var in header, f"{name} uses ${{{var}}}, which the header does not explain"

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils import _pytree as pytree
 
 from tuner.capture import Inputs, set_positional_inputs
 from tuner.graph import arg, aten, is_call, is_symbolic, tensor_val, topo_first
@@ -34,6 +33,7 @@ from tuner.passes import register
 from tuner.passes.base import GraphPass
 from tuner.shapes import SPEC_KEY, DynamicDim, ShapeSpec, spec_of, symbol_of
 from tuner.sites import Site, make_site
+from tuner.torch_compat import private, pytree
 
 EMBEDDING_BAG = aten.embedding_bag.padding_idx
 INDEX_DTYPES = (torch.int64, torch.int32)
@@ -200,19 +200,17 @@ def _fresh_length(gm: fx.GraphModule, low: int, high: int | None, example: int, 
     """A fake 1-D tensor whose length is a new dynamic size in [low, high], in the program's
     ShapeEnv (what export makes of a `Dim`). The symbolic-context API is torch's, not public:
     if it moved, the import fails, the rewrite raises, and the candidate is not kept."""
-    from torch.fx.experimental.symbolic_shapes import (
-        DimDynamic,
-        StatelessSymbolicContext,
-        StrictMinMaxConstraint,
-    )
-    from torch.utils._sympy.numbers import int_oo
-    from torch.utils._sympy.value_ranges import ValueRanges
+    shapes = private("torch.fx.experimental.symbolic_shapes")
+    int_oo = private("torch.utils._sympy.numbers").int_oo
+    value_ranges = private("torch.utils._sympy.value_ranges").ValueRanges
 
     mode = _fake_mode(gm)
     top = int_oo if high is None else high
-    context = StatelessSymbolicContext(
-        dynamic_sizes=[DimDynamic.DYNAMIC],
-        constraint_sizes=[StrictMinMaxConstraint(warn_only=False, vr=ValueRanges(low, top))],
+    context = shapes.StatelessSymbolicContext(
+        dynamic_sizes=[shapes.DimDynamic.DYNAMIC],
+        constraint_sizes=[
+            shapes.StrictMinMaxConstraint(warn_only=False, vr=value_ranges(low, top))
+        ],
     )
     return mode.from_tensor(torch.empty(example, dtype=dtype), symbolic_context=context)
 

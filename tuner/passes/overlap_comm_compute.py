@@ -27,6 +27,7 @@ from torch import fx
 from tuner.passes import register
 from tuner.passes.base import GraphPass
 from tuner.sites import Site, structural_id
+from tuner.torch_compat import torch_ops
 
 _c10d = torch.ops._c10d_functional
 # Requests whose result is a fresh tensor completed by `wait_tensor`.
@@ -36,7 +37,7 @@ COLLECTIVE_NAMESPACE = "_c10d_functional"
 
 
 def _is_op(node: fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    return node.op == "call_function" and isinstance(node.target, torch_ops.OpOverload)
 
 
 def _is_collective(node: fx.Node) -> bool:

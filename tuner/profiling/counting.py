@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
+from tuner.torch_compat import private, python_dispatch
 
 
-class OpCounter(TorchDispatchMode):
+class OpCounter(python_dispatch.TorchDispatchMode):  # torch is checked when this module loads
     """Counts every op that reaches the Python dispatch key, by overload name.
 
     Composite ops (`aten.linear`) arrive decomposed (`t`, `addmm`): that is what runs. With
@@ -53,7 +53,6 @@ def inductor_kernel_ranges() -> Iterator[None]:
     Inductor emits the ranges only when `cpp.enable_kernel_profile` is on at code generation, so
     it has to cover the first call of the compiled function, not the profiling.
     """
-    from torch._inductor import config
-
+    config = private("torch._inductor.config")
     with config.patch({"cpp.enable_kernel_profile": True}):
         yield

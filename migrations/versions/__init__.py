@@ -1,0 +1,1 @@
+"""Alembic revisions (alembic skips this file; it makes the directory a package for the wheel)."""
