@@ -87,7 +87,7 @@ def renamed_locally(src: Path, dst: Path) -> Path:
     return dst
 
 
-def oversized(src: Path, dst: Path, extra: int = 64 * 1024 * 1024) -> Path:
+def oversized(src: Path, dst: Path, extra: int = 1024 * 1024) -> Path:
     """The directory declares 64 MiB more JSON than the file holds (stored: same both sizes)."""
     info, _ = _relayout(src, dst, zipfile.ZIP_STORED)
     raw = dst.read_bytes()

@@ -100,10 +100,13 @@ class SandboxUnavailable(RuntimeError):
 
 def python_paths() -> list[Path]:
     """Where the child's Python and fxtune come from: the environment's prefixes (the venv and
-    the interpreter's install) and the folder holding the `tuner` package."""
+    the interpreter's install), every site-packages folder on the path (a `.pth` file may add
+    one from elsewhere: a venv that shares another's torch), and the folder holding `tuner`.
+    Not the rest of `sys.path`: its first entry is the folder the service was started in."""
     import tuner
 
     found = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)]
+    found += [Path(p) for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
     found.append(Path(tuner.__file__).resolve().parent.parent)
     return found
 
