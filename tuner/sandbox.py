@@ -99,15 +99,17 @@ class SandboxUnavailable(RuntimeError):
 
 
 def python_paths() -> list[Path]:
-    """Where the child's Python and fxtune come from: the environment's prefixes (the venv and
-    the interpreter's install), every site-packages folder on the path (a `.pth` file may add
-    one from elsewhere: a venv that shares another's torch), and the folder holding `tuner`.
-    Not the rest of `sys.path`: its first entry is the folder the service was started in."""
+    """Where the child's Python and its packages come from: the environment's prefixes (the venv
+    and the interpreter's install), the import path's folders (a `.pth` file may add one from
+    elsewhere) and the real folders of torch and fxtune (which may be reached through symbolic
+    links). Not `sys.path[0]`: that is the folder the process was started from."""
+    import torch
+
     import tuner
 
     found = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)]
-    found += [Path(p) for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
-    found.append(Path(tuner.__file__).resolve().parent.parent)
+    found += [Path(p) for p in sys.path[1:] if p]
+    found += [Path(m.__file__).resolve().parent.parent for m in (torch, tuner) if m.__file__]
     return found
 
 
