@@ -32,6 +32,10 @@ class AbstractStore(ABC):
     def get_model(self, model_id: int) -> Model: ...
 
     @abstractmethod
+    def model_with_sha256(self, sha256: str) -> Model | None:
+        """The model these bytes were uploaded as, if any (its upload was checked then)."""
+
+    @abstractmethod
     def set_fingerprint(self, model_id: int, fingerprint: str) -> Model:
         """Record the fingerprint of a model stored before uploads were fingerprinted."""
 

@@ -82,6 +82,11 @@ class SqlAlchemyStore(AbstractStore):
         with self._tx() as s:
             return _model(_get(s, ModelRow, model_id, "model"))
 
+    def model_with_sha256(self, sha256: str) -> Model | None:
+        with self._tx() as s:
+            row = s.scalars(select(ModelRow).where(ModelRow.sha256 == sha256)).first()
+            return None if row is None else _model(row)
+
     def set_fingerprint(self, model_id: int, fingerprint: str) -> Model:
         with self._tx(write=True) as s:
             row = _get(s, ModelRow, model_id, "model", lock=True)

@@ -103,7 +103,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuned]:
         worker_process(url, env, root / "worker.log"),
     ):
         with model.open("rb") as f:
-            data = {"tune": "true", "budget_s": "3"}
+            data = {"tune": "true", "budget_s": "30"}  # room to time the whole-model candidates
             up = httpx.post(f"{url}/api/v1/models", files={"file": f}, data=data, timeout=60)
         assert up.status_code == 201, up.text
 

@@ -139,10 +139,14 @@ async def upload_model(
             raise _unsupported(str(exc)) from None
         except UnsafeArtifactError as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-        try:
-            fingerprint = await run_in_threadpool(analysis.fingerprint, spool.path)
-        except UnloadableProgram as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+        known = await run_in_threadpool(store.model_with_sha256, spool.sha256)
+        if known is not None and known.fingerprint is not None:
+            fingerprint = known.fingerprint  # the same bytes again: checked when first uploaded
+        else:
+            try:
+                fingerprint = await run_in_threadpool(analysis.fingerprint, spool.path)
+            except UnloadableProgram as exc:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         name = display_name(options.name, spool.filename, spool.sha256)
         artifacts.put(spool)
         model, created = await run_in_threadpool(
