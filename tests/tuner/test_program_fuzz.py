@@ -13,7 +13,6 @@ import json
 import os
 import resource
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.crafted import dynamic_program, good_program, rewrite
+from tests.program_mutants import NUMBERS, leaves, payloads, set_at
 from tuner.bounds import load_bounded
 from tuner.capture import to_graph_module
 from tuner.errors import FxtuneError
@@ -29,62 +29,6 @@ from tuner.passes import get_pass, pass_names
 
 EXAMPLES = int(os.environ.get("FXTUNE_FUZZ_EXAMPLES", "120"))
 MEMORY_CAP_KB = 3 * 1024**2
-Path_ = tuple[Any, ...]
-
-
-def _payloads(marker: Path) -> list[str]:
-    code = f"open({str(marker)!r}, 'w').write('pwned')"
-    hexed = ", ".join(str(b) for b in code.encode())
-    return [
-        f"(exec({code!r}) or 0)*0 + 16",
-        f"__import__('builtins').exec({code!r})",
-        f"Symbol('s0') + exec({code!r})",
-        f'True #\n, "x")\n  {code}\n  torch._assert(True',
-        f"L['x'].size()[0] == 2 or exec({code!r})",
-        f'w", exec(bytes(({hexed},)))) or getattr(self, "w',
-        f"x\n{code}\n",
-        'a"b',
-        "a'b",
-        "s0 ** 99999999",
-        "PowByNatural(10, 999999999)",
-        "9" * 5000,
-        "u99999999999",
-        "",
-        "é" * 3,
-        "torch.ops.aten.from_file.default",
-        "torch.ops.evil.op.default",
-        "builtins.eval",
-        '[1, {"type": "collections.defaultdict", "context": "{}", "children_spec": []}]',
-        "x" * 100_000,
-    ]
-
-
-NUMBERS = [0, -1, 1, 2**31, 2**63 - 1, -(2**63), 2**64, 10**30, 1.5, None, True, "NaN"]
-
-
-def _leaves(obj: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
-    if isinstance(obj, dict):
-        yield path, obj
-        for k, v in obj.items():
-            yield (*path, ("key", k)), k
-            yield from _leaves(v, (*path, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, (*path, i))
-    else:
-        yield path, obj
-
-
-def _set(obj: Any, path: Path_, value: Any) -> None:
-    *parents, last = path
-    for p in parents:
-        obj = obj[p]
-    if isinstance(last, tuple) and last[0] == "key":
-        obj[value if isinstance(value, str) else str(value)] = obj.pop(last[1])
-    elif isinstance(obj[last], dict) and not isinstance(value, dict):
-        obj[last]["fxtune_fuzz_unknown_key"] = value
-    else:
-        obj[last] = value
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +65,15 @@ def test_no_mutant_runs_code_or_escapes_fxtunes_errors(
     src, program = bases[base_name]
     mutant = json.loads(json.dumps(program))
     marker = tmp_path / "marker"
-    leaves = [(p, v) for p, v in _leaves(program) if p]
+    spots = [(p, v) for p, v in leaves(program) if p]
     for _ in range(data.draw(st.integers(1, 3))):
-        path, old = data.draw(st.sampled_from(leaves))
+        path, old = data.draw(st.sampled_from(spots))
         if isinstance(old, str):
-            value = data.draw(st.sampled_from(_payloads(marker)))
+            value = data.draw(st.sampled_from(payloads(marker)))
         else:
-            value = data.draw(st.sampled_from(NUMBERS + _payloads(marker)[:3]))
+            value = data.draw(st.sampled_from(NUMBERS + payloads(marker)[:3]))
         try:
-            _set(mutant, path, value)
+            set_at(mutant, path, value)
         except (KeyError, IndexError, TypeError):
             continue  # an earlier mutation replaced the parent
     dst = tmp_path / f"mutant-{counts['cases']}.pt2"
