@@ -206,8 +206,8 @@ def open_archive(path: Path | str, limits: ArchiveLimits | None = None) -> Progr
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ArtifactFormatError(f"not a .pt2 archive (zip): {exc}") from None
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+        raise ArtifactFormatError(f"not a .pt2 archive (zip): {_short(exc)}") from None
     names = (i.filename for i in infos)
     if not any(n.count("/") == 1 and n.endswith("/archive_format") for n in names):
         raise ArtifactFormatError("zip file is not a torch.export .pt2 archive (no archive_format)")

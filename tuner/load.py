@@ -86,7 +86,7 @@ def _unpickle(data: bytes, what: str) -> Any:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as inner:
             records = inner.infolist()
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
         raise UnsafeArtifactError(f"refused to load {what}: not a torch.save zip") from None
     if any(r.compress_type != zipfile.ZIP_STORED for r in records) or sum(
         r.file_size for r in records
