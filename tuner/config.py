@@ -104,6 +104,10 @@ class SiteDecision(Measured):
     # Set when the site's baseline contradicted the whole model's time even when re-measured
     # (tuner.search): the decision was then not trusted. Added in schema 2 (defaulted).
     inconsistent: str | None = None
+    # The share of the model's time its copies cover, by the node profile that ordered the
+    # search (tuner.node_profile); None where not profiled. Informational and defaulted, so
+    # configs of schema 4 without it still load.
+    share: float | None = None
 
     model_config = {"populate_by_name": True}
 

@@ -5,6 +5,11 @@ left it; identical sites (same structural id) are measured once; each site is ex
 standalone module and its rewrite timed against the untouched copy (`tuner.measure`). Only
 rewrites whose speedup interval clears 1 + epsilon are applied, then the next pass looks.
 
+A node-level profile of the graph as it stands (`tuner.node_profile`) orders each pass's sites:
+those covering the most of the model's time are measured first, so a short budget is spent where
+it can matter, and a site whose copies together cover less than `noise_share` of the model's time
+is not timed at all (rewriting it could not move the model beyond noise); its decision says so.
+
 What one run of a site is comes from `SearchSettings.run` (`SITE_RUNS`, by tuning mode): its
 forward for inference; for a training step, its forward and backward (`tuner.training.
 site_step`), since a rewrite that speeds up the forward can slow down the backward, and a
@@ -30,6 +35,7 @@ from tuner.config import Mode, PassStep, Refusal, SiteDecision, timing_fields
 from tuner.device import CPU, Device
 from tuner.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.measure import Comparison, check_outputs, compare, fresh_inputs, verdict
+from tuner.node_profile import NodeProfile, profile_nodes
 from tuner.passes import get_pass, pass_names
 from tuner.passes.base import GraphPass
 from tuner.sites import Site
@@ -98,6 +104,9 @@ class SearchSettings:
     # Seconds per call of the whole model (example size): no site inside it can take longer.
     model_time_s: float | None = None
     run: SiteRun = FORWARD
+    # A site whose copies together cover less than this share of the model's time (by the
+    # node profile) is not timed; None times every site.
+    noise_share: float | None = None
 
 
 # A site's baseline (times its identical copies) may exceed the model's own time by this much
@@ -115,6 +124,28 @@ class SearchResult:
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     timed: int = 0
     refusals: list[Refusal] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """How the distinct sites were decided, for the report: timed here, taken from the
+        decision cache, below the noise share, left for lack of budget; and the identical
+        copies that shared a decision instead of being measured again."""
+        out = {"distinct": len(self.decisions), "timed": 0, "from_cache": 0}
+        out |= {"below_noise": 0, "out_of_budget": 0, "identical_copies": 0}
+        for d in self.decisions:
+            out["identical_copies"] += d.count - 1
+            if d.cached:
+                out["from_cache"] += 1
+            elif d.share is not None and d.reason and d.reason.startswith(BELOW_NOISE):
+                out["below_noise"] += 1
+            elif d.reason == OUT_OF_BUDGET:
+                out["out_of_budget"] += 1
+            elif d.rounds:
+                out["timed"] += 1
+        return out
+
+
+BELOW_NOISE = "below noise"
+OUT_OF_BUDGET = "time budget spent"
 
 
 def _decision(site: Site, count: int, v: str, c: Comparison | None = None, **kw: Any) -> dict:
@@ -192,6 +223,7 @@ class SiteSearch:
         result: SearchResult,
         count: int,
         extra: list[tuple[SizePoint, Inputs, dict[str, Any]]] | None = None,
+        share: float | None = None,
     ) -> dict:
         s = self.settings
         # Decisions across several sizes are cached under those sizes too.
@@ -201,8 +233,15 @@ class SiteSearch:
         cached = self.cache.get(key)
         if cached is not None:
             return {**cached, "count": count, "summary": site.summary, "cached": True}
+        if share is not None and s.noise_share is not None and share < s.noise_share:
+            reason = (
+                f"{BELOW_NOISE}: its {count} cop{'y' if count == 1 else 'ies'} cover "
+                f"{share:.2%} of the model's time (node profile), under the "
+                f"{s.noise_share:.1%} a whole-model comparison resolves; not timed"
+            )
+            return _decision(site, count, "not measured", reason=reason, share=share)
         if time.monotonic() > s.deadline:
-            return _decision(site, count, "not measured", reason="time budget spent")
+            return _decision(site, count, "not measured", reason=OUT_OF_BUDGET, share=share)
         decision = self._measure(gm, inputs, graph_pass, site, values, result, count, "")
         if self._contradicts_model(decision):
             # Thread stalls during small kernels can inflate one measurement: measure again.
@@ -213,7 +252,7 @@ class SiteSearch:
             decision = self._across_sizes(decision, gm, graph_pass, site, extra, result, count)
         if decision["verdict"] != "failed to run":
             self.cache.put(key, decision)
-        return decision
+        return {**decision, "share": share}
 
     def _contradicts_model(self, decision: dict) -> bool:
         model = self.settings.model_time_s
@@ -300,6 +339,7 @@ class SiteSearch:
         names = self.settings.passes or pass_names()
         # Inputs of each further size, in the current module's signature.
         point_inputs = [p.inputs for p in self.settings.points[1:]]
+        profile: NodeProfile | None = None  # of `gm` as it stands; None after a rewrite
         for i, name in enumerate(names):
             if progress:
                 progress(i / len(names), f"searching {name}")
@@ -315,6 +355,11 @@ class SiteSearch:
             by_id: dict[str, list[Site]] = {}
             for site in sites:
                 by_id.setdefault(site.id, []).append(site)
+            if profile is None and self.settings.noise_share is not None:
+                profile = profile_nodes(gm, result.inputs, self.settings.device)
+            shares = {sid: _share(profile, group) for sid, group in by_id.items()}
+            # The most time first; a share the profile cannot tell (None) is measured early.
+            order = sorted(by_id, key=lambda sid: -2.0 if shares[sid] is None else -shares[sid])
             # Past the deadline only cached decisions apply, and they need no recorded values
             # (recording runs the whole model, once per size).
             late = time.monotonic() > self.settings.deadline
@@ -327,9 +372,18 @@ class SiteSearch:
                 for point, at in zip(self.settings.points[1:], point_inputs, strict=True)
             ]
             accepted: set[str] = set()
-            for site_id, group in by_id.items():
+            for site_id in order:
+                group = by_id[site_id]
                 d = self._decide(
-                    gm, result.inputs, graph_pass, group[0], values, result, len(group), extra
+                    gm,
+                    result.inputs,
+                    graph_pass,
+                    group[0],
+                    values,
+                    result,
+                    len(group),
+                    extra,
+                    shares[site_id],
                 )
                 result.decisions.append(SiteDecision.model_validate(d))
                 if d["accepted"]:
@@ -339,6 +393,17 @@ class SiteSearch:
                 result.inputs = applied.inputs
                 point_inputs = [applied.pack(at) for at in point_inputs]
                 result.steps.append(PassStep(pass_name=name, sites=sorted(accepted)))
+                profile = None
         if progress:
             progress(1.0, "site search done")
         return result
+
+
+def _share(profile: NodeProfile | None, group: list[Site]) -> float | None:
+    """The share of the model's time that a site's identical copies cover together."""
+    if profile is None:
+        return None
+    shares = [profile.share(site.nodes) for site in group]
+    if any(x is None for x in shares):
+        return None
+    return sum(x for x in shares if x is not None)

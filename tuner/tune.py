@@ -74,6 +74,11 @@ MIN_TIMING_S = 2.0
 # Model calls a candidate's output check makes (3 input sets: the reference twice, the
 # candidate, the float64 reference at several times the cost), before any timing.
 CHECK_CALLS = 20
+# Compiles made in a child process that is stopped when it overruns (tuner.compile_child).
+STOPPABLE = ("inductor",)
+# Sites covering less than this fraction of epsilon of the model's time are not timed: even
+# made free, they could not move a whole-model comparison beyond its noise (tuner.search).
+NOISE_SHARE = 0.25
 # The share of `budget_s` kept for what follows the last budget check: verification, writing
 # the program and package, and the profiles (`tuner.outputs`).
 FINISH_SHARE = 0.2
@@ -245,6 +250,9 @@ class Tuner:
         self.isolate = self.device.kind == "cuda" if isolate is None else isolate
         self.points: list[SizePoint] = []  # the example size first, then further sizes
         self.model_time_s: float | None = None  # the original's seconds per call (CPU)
+        self.peer_notes: list[str] = []  # what the peers' compiles were expected to cost
+        self.candidates: list[Candidate] = []  # every whole-model candidate, once judged
+        self.peers_late = False  # the peers were not expected to fit, so they go last
 
     def _remaining(self, started: float) -> float:
         """Seconds left for tuning proper (the finishing share of the budget excluded)."""
@@ -391,6 +399,12 @@ class Tuner:
             return None
         nodes = len(cand.transformed.gm.graph.nodes)
         estimate = self.compile_times.estimate(self.hardware_key, cand.backend, nodes)
+        if estimate is None and self.peers_late and cand.backend not in STOPPABLE:
+            # Nothing measured, and the prior already said the peers will not fit: a compile
+            # in this process cannot be stopped, so it is not started on that prospect.
+            estimate, _ = self.compile_times.planning_estimate(
+                self.hardware_key, cand.backend, nodes
+            )
         if estimate is None or estimate <= left - MIN_TIMING_S:
             return None
         return (
@@ -440,10 +454,27 @@ class Tuner:
         if self.device.kind != "cpu":
             program = on_device(program, self.device.torch_device)
         captured = self._capture(program, say)
-        search = self._search(captured, started, say)
-        candidates = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
-        candidates += self._size_candidates(captured, search, candidates)
-        figures = self._judge_all(captured, candidates, started, say)
+        self.model_time_s = self._model_time_s(captured)
+        # The peers are the floor, so they are built and timed first, with the whole budget;
+        # unless even the quickest is not expected to fit: then the passes go first (eager needs
+        # no compile) and the peers get what is left, and the report says so.
+        peers = self._peer_candidates(captured)
+        first = self._peers_fit(peers, started, say)
+        self.peers_late = not first
+        figures = self._judge_all(captured, peers, started, say, (0.05, 0.3)) if first else []
+        deadline = self._search_deadline(started, peers if first else [], figures)
+        search = self._search(captured, started, say, deadline)
+        known = {c.name for c in peers}
+        rest = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
+        rest = [c for c in rest if c.name not in known]
+        rest += self._size_candidates(captured, search, peers + rest)
+        figures += self._judge_all(captured, rest, started, say, (0.6, 0.85))
+        if first:
+            candidates = peers + rest
+        else:
+            figures += self._judge_all(captured, peers, started, say, (0.8, 0.85))
+            candidates = rest + peers
+        self.candidates = candidates
         chosen_fig, chosen = self._choose(captured, candidates, figures)
         say(0.85, "verifying")
         verified = self._verify(program, captured, chosen_fig, chosen)
@@ -496,25 +527,89 @@ class Tuner:
             ]
         return _Captured(gm0, inputs, spec, skipped)
 
-    def _search(self, captured: _Captured, started: float, say: Progress) -> SearchResult:
-        self.model_time_s = self._model_time_s(captured)
+    def _search(
+        self, captured: _Captured, started: float, say: Progress, deadline: float
+    ) -> SearchResult:
         settings = SearchSettings(
             device=self.device,
             hardware_key=self.hardware_key,
-            deadline=started + 0.5 * (1 - FINISH_SHARE) * self.options.budget_s,
+            deadline=deadline,
             site_budget_s=self.options.site_budget_s,
             epsilon=self.options.epsilon,
             passes=self._passes(),
             points=self.points if len(self.points) > 1 else [],
             model_time_s=self.model_time_s,
             run=SITE_RUNS[self.options.mode],
+            noise_share=NOISE_SHARE * self.options.epsilon,
         )
         search = SiteSearch(settings, self.cache).run(
-            copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.05 + 0.45 * f, m)
+            copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.3 + 0.3 * f, m)
         )
         self.samples.update(search.samples)
         self.timed += search.timed
         return search
+
+    def _peer_candidates(self, captured: _Captured) -> list[Candidate]:
+        """The untouched program under each backend a user would pick instead of fxtune (the
+        candidates that carry no passes)."""
+        every = self._candidates(captured.gm, captured.inputs, [], [])
+        return [c for c in every if not c.passes and c.backend != "eager"]
+
+    def _peers_fit(self, peers: list[Candidate], started: float, say: Progress) -> bool:
+        """Whether the peers go first: say before starting what their compiles are expected to
+        cost (this machine's history, else a prior) and, where even the quickest is not expected
+        to fit, the budget it would need. Nothing slower than what is measured ships either way.
+        """
+        left = self._remaining(started)
+        check = CHECK_CALLS * (self.model_time_s or 0.0) + MIN_TIMING_S
+        estimates: dict[str, float] = {}
+        for cand in peers:
+            if cand.backend not in backends.COMPILING:
+                continue
+            nodes = len(cand.transformed.gm.graph.nodes)
+            estimate, measured = self.compile_times.planning_estimate(
+                self.hardware_key, cand.backend, nodes
+            )
+            estimates[cand.backend] = estimate
+            source = "from this machine's compiles" if measured else "nothing measured here yet"
+            self.peer_notes.append(
+                f"{cand.backend}: compile estimated at {estimate:.0f} s ({source})"
+            )
+        fits = not estimates or min(estimates.values()) + check <= left
+        if fits:
+            self.peer_notes.append(f"the peers go first, with the {left:.0f} s left for tuning")
+        else:
+            quickest = min(estimates, key=estimates.__getitem__)
+            needed = (estimates[quickest] + check) / (1 - FINISH_SHARE)
+            self.peer_notes.append(
+                f"no peer is expected to fit: {quickest} needs about {estimates[quickest]:.0f} s "
+                f"and {left:.0f} s are left for tuning; a budget of about {needed:.0f} s would "
+                "build and time it. The passes go first and the peers get what is left"
+            )
+        for note in self.peer_notes:
+            say(0.05, f"peers: {note}")
+        return fits
+
+    def _search_deadline(
+        self, started: float, peers: list[Candidate], figures: list[Figures]
+    ) -> float:
+        """When the site search stops: half of what the peers left, and never so late that the
+        passes cannot be built under the fastest peer's backend (its compile, measured just now,
+        plus checking and timing it)."""
+        left = max(self._remaining(started), 0.0)
+        faster = [
+            (f.speedup or 0.0, c)
+            for c, f in zip(peers, figures, strict=True)
+            if f.verdict == "faster"
+        ]
+        best = max(faster, key=lambda sc: sc[0])[1] if faster else None
+        reserve = 0.5 * left
+        if best is not None and best.backend in backends.COMPILING:
+            nodes = len(best.transformed.gm.graph.nodes)
+            estimate = self.compile_times.estimate(self.hardware_key, best.backend, nodes) or 0.0
+            check = CHECK_CALLS * (self.model_time_s or 0.0) + MIN_TIMING_S
+            reserve = max(reserve, estimate + check + self.options.whole_model_budget_s)
+        return time.monotonic() + max(left - reserve, 0.0)
 
     def _model_time_s(self, captured: _Captured) -> float | None:
         """The whole model's seconds per call, bounding any site's (CPU; None elsewhere)."""
@@ -524,11 +619,18 @@ class Tuner:
             return quick_per_call_s(lambda: captured.gm(*captured.inputs))
 
     def _judge_all(
-        self, captured: _Captured, candidates: list[Candidate], started: float, say: Progress
+        self,
+        captured: _Captured,
+        candidates: list[Candidate],
+        started: float,
+        say: Progress,
+        span: tuple[float, float],
     ) -> list[Figures]:
         figures: list[Figures] = []
+        low, high = span
         for i, cand in enumerate(candidates):
-            say(0.5 + 0.3 * i / max(len(candidates), 1), f"timing whole model: {cand.name}")
+            done = low + (high - low) * i / max(len(candidates), 1)
+            say(done, f"timing whole model: {cand.name}")
             figures.append(self._judge(captured.gm, captured.inputs, cand, started))
         return figures
 
@@ -712,6 +814,8 @@ class Tuner:
                 "timed_candidates": self.timed,
                 "cache_hits": self.cache.hits,
                 "sites_found": sum(len(s.sites) for s in search.every_site),
+                "site_counts": search.counts(),
+                "peers": self.peer_notes,
                 "epsilon": self.options.epsilon,
                 "sizes": [{"label": p.label, "sizes": p.sizes} for p in self.points],
                 "sizes_skipped": captured.skipped,

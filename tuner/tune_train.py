@@ -116,7 +116,6 @@ class TrainTuner(Tuner):
         self.notes: list[str] = []
         self._baseline: TrainRunner | None = None
         self._reference: ReferenceSteps | None = None  # the original's checked steps
-        self._built: list[Candidate] = []  # the candidates, with their runners once judged
 
     def _passes(self) -> list[str]:
         asked = self.options.passes
@@ -156,13 +155,19 @@ class TrainTuner(Tuner):
         with fixed_threads(self.options.threads):
             return quick_per_call_s(lambda: runner.step(*captured.inputs))
 
-    def _search(self, captured: _Captured, started: float, say: Progress) -> SearchResult:
-        say(0.05, "searching sites (forward + backward)")
-        self.notes.append(
+    def _search(
+        self, captured: _Captured, started: float, say: Progress, deadline: float
+    ) -> SearchResult:
+        say(0.3, "searching sites (forward + backward)")
+        self._note(
             "per-site decisions time each site's forward + backward on its own (eager; the "
             "optimizer step is not in it: passes keep the parameters, so it costs the same)"
         )
-        return super()._search(captured, started, say)
+        return super()._search(captured, started, say, deadline)
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
     def _candidates(
         self, gm0: fx.GraphModule, inputs: Inputs, greedy: list[PassStep], every: list[str]
@@ -171,12 +176,11 @@ class TrainTuner(Tuner):
         wanted = [b for b in asked if b in RUNNERS]
         for b in asked:
             if b in NOT_TRAINABLE:
-                self.notes.append(f"{b}: {NOT_TRAINABLE[b]}")
+                self._note(f"{b}: {NOT_TRAINABLE[b]}")
         blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
         blind_steps = _steps_from_sites(blind.applied)
         original = Transformed(gm0, inputs)
         out = [Candidate(b, b, [], original) for b in wanted if b != "eager"]
-        self._built = out
         if not blind.applied:
             return out
         seen = [blind_steps]
@@ -298,7 +302,7 @@ class TrainTuner(Tuner):
         """The shipped step timed against torch.compile of the original's step (the peer a
         user would otherwise run), interleaved: speedup > 1 means the shipped step is faster.
         None when the peer was not built or is what ships."""
-        peer = next((c for c in self._built if c.name == "compile"), None)
+        peer = next((c for c in self.candidates if c.name == "compile"), None)
         chosen = verified.candidate
         runner = peer.runner if peer is not None else None
         if not isinstance(runner, TrainRunner) or chosen.name == "compile":

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, WrongRelu, registered
 from tuner.cache import DecisionCache
@@ -55,3 +56,49 @@ def test_cached_decisions_are_reused(tmp_path: Path) -> None:
     assert second.decisions[0].cached
     assert second.decisions[0].verdict == first.decisions[0].verdict
     assert second.decisions[0].speedup == first.decisions[0].speedup
+
+
+class TinyReluThenWide(nn.Module):
+    """A relu on 16 values beside a 2 GFLOP matmul: the relu is far below any noise share."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Linear(1024, 2048)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.wide(x), torch.relu(y)
+
+
+class TwoRelus(nn.Module):
+    """Two relu sites of different sizes, the small one first in the graph."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(x), torch.relu(y)
+
+
+def _profiled_search(module: nn.Module, inputs: tuple) -> SearchResult:
+    gm = to_graph_module(export_module(module.eval(), inputs))
+    settings = SearchSettings(
+        passes=["test_slow_relu"], site_budget_s=0.5, hardware_key="test", noise_share=0.005
+    )
+    return SiteSearch(settings, DecisionCache(None)).run(copy.deepcopy(gm), inputs)
+
+
+def test_a_site_below_the_noise_share_is_reported_not_timed() -> None:
+    with registered(SlowRelu):
+        result = _profiled_search(TinyReluThenWide(), (torch.randn(256, 1024), torch.randn(16)))
+    (decision,) = result.decisions
+    assert decision.verdict == "not measured" and not decision.accepted
+    assert decision.share is not None and decision.share < 0.005
+    assert "below noise" in (decision.reason or "") and "not timed" in (decision.reason or "")
+    assert result.timed == 0
+    assert result.counts()["below_noise"] == 1
+
+
+def test_sites_are_measured_in_order_of_the_time_they_cover() -> None:
+    with registered(SlowRelu):
+        result = _profiled_search(TwoRelus(), (torch.randn(64), torch.randn(512, 1024)))
+    shares = [d.share for d in result.decisions]
+    assert len(shares) == 2 and all(s is not None for s in shares), shares
+    assert shares[0] > shares[1], shares  # the large relu first, though it comes second
+    assert all(d.rounds > 0 for d in result.decisions)  # both timed, the larger first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -135,3 +136,38 @@ def test_cli_refuses_a_non_archive(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "not a .pt2" in result.output
+
+
+def test_the_peers_are_timed_before_any_site_is_searched(tmp_path: Path) -> None:
+    """The peers are the floor: they are built and timed first, whatever the search finds."""
+    said: list[str] = []
+    program = _program(SplitNormTanh(n=4), torch.randn(16, 4 * 16))
+    options = TuneOptions(budget_s=25, backends=["eager", "compile"], workdir=tmp_path)
+    outcome = tune_program(program, options, lambda _f, message: said.append(message))
+    peer = said.index("timing whole model: compile")
+    search = next(i for i, m in enumerate(said) if m.startswith("searching "))
+    assert peer < search, said
+    config = outcome.config
+    assert config.candidates[0].name == "compile" and config.candidates[0].rounds > 0
+    assert any(note.startswith("compile:") for note in config.tuning["peers"])
+    counts = config.tuning["site_counts"]
+    assert counts["distinct"] == len(config.sites) > 0
+    assert counts["timed"] + counts["below_noise"] + counts["out_of_budget"] <= counts["distinct"]
+
+
+def test_peers_not_expected_to_fit_are_announced_and_go_last(tmp_path: Path) -> None:
+    """With nothing measured on this machine, the prior says torch.compile will not fit in 8 s:
+    the report says so with the budget it needs, the passes go first, and a compile in this
+    process (which nothing could stop) is not started."""
+    said: list[str] = []
+    program = _program(SplitNormTanh(n=4), torch.randn(16, 4 * 16))
+    options = TuneOptions(budget_s=8, backends=["eager", "compile"], workdir=tmp_path)
+    started = time.monotonic()
+    outcome = tune_program(program, options, lambda _f, message: said.append(message))
+    assert time.monotonic() - started < 8 + 15
+    notes = " ".join(outcome.config.tuning["peers"])
+    assert "no peer is expected to fit" in notes and "a budget of about" in notes
+    search = next(i for i, m in enumerate(said) if m.startswith("searching "))
+    assert said.index("timing whole model: compile") > search
+    peer = next(f for f in outcome.config.candidates if f.name == "compile")
+    assert peer.verdict == "not measured" and peer.rounds == 0  # never started
