@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo demo-serve serve bench gpu-check clean
+.PHONY: venv test lint demo demo-serve serve bench bench-zoo gpu-check clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,13 @@ bench: venv
 	$(PY) -m bench.overlap
 	$(PY) -m bench.gloo_async
 	$(PY) -m bench.train --threads 1
+	$(PY) -m bench.zoo
+
+# The model zoo alone (issue 19): 12 public architectures, `fxtune tune` at 60 s and 300 s each,
+# then what it shipped against eager, torch.compile and AOTInductor (about 2 hours on 2 cores).
+# ZOO_ARGS="--budgets 60 --load 2" takes the short budget with two busy processes on the cores.
+bench-zoo: venv
+	$(PY) -m bench.zoo $(ZOO_ARGS)
 
 # Every CUDA path end to end, into OUT/gpu-check.json and .md (issue 22). Not through the venv:
 # on a GPU host it runs the machine's own torch (bench/gpu_check.sh says how it picks). Without

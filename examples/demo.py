@@ -76,7 +76,30 @@ def follow(http: httpx.Client, jobs: dict[str, Any]) -> dict[str, Any]:
     return final
 
 
-def speedup_table(http: httpx.Client, final: dict[str, Any]) -> Table:
+# An interval wider than this (high / low) says the machine's noise, not the model, decided.
+NOISY_WIDTH = 1.15
+
+
+def too_noisy(config: dict[str, Any]) -> str | None:
+    """Why nothing shipped was the machine's noise: the fastest candidate's interval was too wide
+    to call (None when something shipped or the intervals were tight)."""
+    if config["whole_model"]["verdict"] == "faster":
+        return None
+    timed = [c for c in config["candidates"] if c.get("ci") and c.get("speedup")]
+    if not timed:
+        return None
+    best = max(timed, key=lambda c: c["speedup"])
+    low, high = best["ci"]
+    if low <= 0 or high / low < NOISY_WIDTH:
+        return None
+    return (
+        f"{best['name']} measured {best['speedup']:.2f}x but its interval "
+        f"{format_interval(best['ci'])} is too wide to decide: the machine was too noisy. "
+        "Run the demo again on a quieter machine, or with a larger --budget-s"
+    )
+
+
+def speedup_table(http: httpx.Client, final: dict[str, Any], notes: list[str]) -> Table:
     table = Table("model", "status", "backend", "speedup", "95% interval", "sites accepted")
     for name, job in final.items():
         if job["status"] != "succeeded":
@@ -85,6 +108,8 @@ def speedup_table(http: httpx.Client, final: dict[str, Any]) -> Table:
         report = http.get(f"/api/v1/models/{job['model_id']}/report", params={"device": "cpu"})
         config = report.json()["config"]
         whole = config["whole_model"]
+        if (noisy := too_noisy(config)) is not None:
+            notes.append(f"{name}: {noisy}")
         shipped = whole["verdict"] == "faster"
         speedup = f"{whole['speedup']:.2f}x" if whole.get("speedup") else "-"
         if not shipped:
@@ -123,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
                 final = follow(http, upload_all(http, models, args.budget_s))
-                console.print(speedup_table(http, final))
+                notes: list[str] = []
+                console.print(speedup_table(http, final, notes))
+                for note in notes:
+                    console.print(note, style="yellow", markup=False)
             for name, job in final.items():
                 if job["status"] != "succeeded":
                     console.print(f"{name} failed: {job['error']}", style="red", markup=False)
