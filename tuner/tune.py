@@ -363,6 +363,12 @@ class Tuner:
         cand.package = built.package
         per_size = []
         for i, point in enumerate(self.points or [SizePoint("example", {}, inputs)]):
+            if i and self._remaining(started) < MIN_TIMING_S:
+                # Checking at a further size costs calls at that size (a batch of 64 can take
+                # seconds); unmeasured, the size runs another bucket's decision or the original.
+                fields = {"verdict": "not measured", "reason": "time budget spent"}
+                per_size.append(size_figures(point.label, point.sizes, fields))
+                continue
             at = inputs if i == 0 else point.inputs
             fields, c = self._judge_at(gm0, at, cand, runner, started)
             if c is not None:
@@ -461,19 +467,20 @@ class Tuner:
         peers = self._peer_candidates(captured)
         first = self._peers_fit(peers, started, say)
         self.peers_late = not first
-        figures = self._judge_all(captured, peers, started, say, (0.05, 0.3)) if first else []
-        deadline = self._search_deadline(started, peers if first else [], figures)
+        early = peers if first else self._affordable_stand_in(captured, started, say)
+        figures = self._judge_all(captured, early, started, say, (0.05, 0.3))
+        deadline = self._search_deadline(started, early, figures)
         search = self._search(captured, started, say, deadline)
-        known = {c.name for c in peers}
+        known = {_identity(c) for c in peers + early}
         rest = self._candidates(captured.gm, captured.inputs, search.steps, self._passes())
-        rest = [c for c in rest if c.name not in known]
-        rest += self._size_candidates(captured, search, peers + rest)
+        rest = [c for c in rest if _identity(c) not in known]
+        rest += self._size_candidates(captured, search, peers + early + rest)
         figures += self._judge_all(captured, rest, started, say, (0.6, 0.85))
         if first:
             candidates = peers + rest
         else:
             figures += self._judge_all(captured, peers, started, say, (0.8, 0.85))
-            candidates = rest + peers
+            candidates = early + rest + peers
         self.candidates = candidates
         chosen_fig, chosen = self._choose(captured, candidates, figures)
         say(0.85, "verifying")
@@ -590,6 +597,37 @@ class Tuner:
             say(0.05, f"peers: {note}")
         return fits
 
+    def _affordable_stand_in(
+        self, captured: _Captured, started: float, say: Progress
+    ) -> list[Candidate]:
+        """When no peer is expected to fit: the quickest compiled candidate that is, the
+        original with every pass under a peer's backend (it needs no search, and the passes
+        shrink the graph, so it compiles sooner), built first while the budget is whole."""
+        left = self._remaining(started)
+        check = CHECK_CALLS * (self.model_time_s or 0.0) + MIN_TIMING_S
+        every = self._candidates(captured.gm, captured.inputs, [], self._passes())
+        priced: list[tuple[float, Candidate]] = []
+        for cand in every:
+            if not cand.passes or cand.backend not in backends.PEERS:
+                continue
+            if cand.backend not in backends.COMPILING:
+                continue
+            nodes = len(cand.transformed.gm.graph.nodes)
+            estimate, _ = self.compile_times.planning_estimate(
+                self.hardware_key, cand.backend, nodes
+            )
+            if estimate + check <= left:
+                priced.append((estimate, cand))
+        if not priced:
+            return []
+        # A tie goes to a backend built in a child, which is stopped if it overruns.
+        estimate, cand = min(priced, key=lambda ec: (ec[0], ec[1].backend not in STOPPABLE))
+        nodes = len(cand.transformed.gm.graph.nodes)
+        note = f"{cand.name} ({nodes} nodes) is expected to fit ({estimate:.0f} s): it goes first"
+        self.peer_notes.append(note)
+        say(0.05, f"peers: {note}")
+        return [cand]
+
     def _search_deadline(
         self, started: float, peers: list[Candidate], figures: list[Figures]
     ) -> float:
@@ -634,16 +672,33 @@ class Tuner:
             figures.append(self._judge(captured.gm, captured.inputs, cand, started))
         return figures
 
-    @staticmethod
     def _choose(
-        captured: _Captured, candidates: list[Candidate], figures: list[Figures]
+        self, captured: _Captured, candidates: list[Candidate], figures: list[Figures]
     ) -> tuple[Figures, Candidate]:
-        """The fastest candidate whose interval clears 1 + epsilon; else the original."""
+        """The fastest candidate whose interval clears 1 + epsilon; else the original.
+
+        The best peer is the floor: a candidate with passes replaces it only when its interval
+        lies above the peer's speedup. Each was timed against the original, not against the
+        other, so a tie by point estimate is noise, and in a tie the user's own pick ships.
+        """
         winners = [
             (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == "faster"
         ]
         if winners:
-            return max(winners, key=lambda fc: fc[0].speedup or 0.0)
+            best = max(winners, key=lambda fc: fc[0].speedup or 0.0)
+            plain = [(f, c) for f, c in winners if not c.passes and c.backend in backends.PEERS]
+            if not plain:
+                return best
+            peer = max(plain, key=lambda fc: fc[0].speedup or 0.0)
+            low = best[0].ci[0] if best[0].ci else None
+            if best[1] is peer[1] or (low is not None and low > (peer[0].speedup or 0.0)):
+                return best
+            self.peer_notes.append(
+                f"{best[1].name} measured {best[0].speedup:.3f}x and {peer[1].name} "
+                f"{peer[0].speedup:.3f}x over the original: within each other's noise, so "
+                f"the peer ships"
+            )
+            return peer
         return _original(
             captured,
             "within noise",
@@ -834,6 +889,11 @@ class _Bucketed:
     headline: Any = None  # _Verified when there are buckets
     dispatch: ExportedProgram | None = None
     note: str = ""
+
+
+def _identity(cand: Candidate) -> tuple[str, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """A candidate's backend and passes: two candidates with the same build the same runner."""
+    return cand.backend, tuple((s.pass_name, tuple(s.sites)) for s in cand.passes)
 
 
 def _original(captured: _Captured, verdict_: str, reason: str) -> tuple[Figures, Candidate]:

@@ -171,3 +171,64 @@ def test_peers_not_expected_to_fit_are_announced_and_go_last(tmp_path: Path) -> 
     assert said.index("timing whole model: compile") > search
     peer = next(f for f in outcome.config.candidates if f.name == "compile")
     assert peer.verdict == "not measured" and peer.rounds == 0  # never started
+
+
+def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
+    tmp_path: Path,
+) -> None:
+    """This machine's history says torch.compile of the 87-node original will not fit in what
+    13 s leave, but of the 12 nodes left after every pass it will: that candidate is built and
+    timed before the site search, and the report says why."""
+    from tuner.compile_time import CompileTimes
+    from tuner.device import Device
+    from tuner.hardware import describe, hardware_key
+    from tuner.measure import fixed_threads
+
+    cache = tmp_path / "decisions.json"
+    with fixed_threads(None):
+        key = hardware_key(describe(Device.parse("cpu")))
+    CompileTimes.for_cache(cache).record(key, "compile", nodes=12, seconds=4.0)
+    said: list[str] = []
+    program = _program(SplitNormTanh(n=16), torch.randn(16, 16 * 16))
+    options = TuneOptions(
+        budget_s=13, backends=["eager", "compile"], cache_path=cache, workdir=tmp_path
+    )
+    started = time.monotonic()
+    outcome = tune_program(program, options, lambda _f, message: said.append(message))
+    assert time.monotonic() - started < 13 + 15
+    notes = " ".join(outcome.config.tuning["peers"])
+    assert "no peer is expected to fit" in notes
+    assert "compile + every pass (12 nodes) is expected to fit" in notes
+    search = next(i for i, m in enumerate(said) if m.startswith("searching "))
+    assert said.index("timing whole model: compile + every pass") < search
+    early = next(f for f in outcome.config.candidates if f.name == "compile + every pass")
+    assert early.rounds > 0 or (early.reason or "").startswith("skipped: checking")
+
+
+def test_a_candidate_with_passes_replaces_the_best_peer_only_beyond_its_noise(
+    tmp_path: Path,
+) -> None:
+    """Each candidate is timed against the original, not against the peer: 1.61x (interval
+    1.58-1.64) against the peer's 1.60x is a tie, and the peer ships; 1.70x (1.65-1.75) is not."""
+    from tuner.apply import Transformed
+    from tuner.config import Figures, PassStep
+    from tuner.tune import Candidate, Tuner, _Captured
+
+    gm = torch.fx.symbolic_trace(nn.ReLU())
+    captured = _Captured(gm, (torch.randn(2),), None, [])
+    step = [PassStep(pass_name="remove_dropout", sites=["x"])]
+    peer = Candidate("inductor", "inductor", [], Transformed(gm, captured.inputs))
+    passes = Candidate("compile + every pass", "compile", step, Transformed(gm, captured.inputs))
+
+    def fig(name: str, speedup: float, low: float, high: float) -> Figures:
+        return Figures(
+            name=name, backend="x", passes=[], verdict="faster", speedup=speedup,
+            ci=(low, high), rounds=40,
+        )  # fmt: skip
+
+    tuner = Tuner(TuneOptions(workdir=tmp_path))
+    tie = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.61, 1.58, 1.64)]
+    assert tuner._choose(captured, [peer, passes], tie)[1] is peer
+    assert "the peer ships" in tuner.peer_notes[-1]
+    clear = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.70, 1.65, 1.75)]
+    assert tuner._choose(captured, [peer, passes], clear)[1] is passes
