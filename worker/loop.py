@@ -174,20 +174,27 @@ class Worker:
         out.mkdir()
         beat = Heartbeat(self.client, job, self.redact)
         try:
-            result = run_child(
-                self.command(job, source, out),
-                self.limits(job),
-                workdir,
-                beat.update,
-                cancelled=lambda: beat.lost or self._stop.is_set(),
-                on_started=beat.start,
-                env=self.child_env(),
-                sandbox=self.sandbox(job),
-                redact=self.redact,
-            )
+            return self._tune_and_report(job, source, out, workdir, beat)
         finally:
+            # The lease is kept alive until the result is accepted: the service checks a result
+            # before storing it, which can outlast a short lease.
             if beat.is_alive():
                 beat.stop()
+
+    def _tune_and_report(
+        self, job: Assignment, source: Path, out: Path, workdir: Path, beat: Heartbeat
+    ) -> Outcome:
+        result = run_child(
+            self.command(job, source, out),
+            self.limits(job),
+            workdir,
+            beat.update,
+            cancelled=lambda: beat.lost or self._stop.is_set(),
+            on_started=beat.start,
+            env=self.child_env(),
+            sandbox=self.sandbox(job),
+            redact=self.redact,
+        )
         if beat.lost:
             return Outcome("lost", "lease passed to another attempt")
         if not result.ok and result.returncode == ExitCode.DEVICE and not result.cancelled:
@@ -212,6 +219,7 @@ class Worker:
             )
         except ValueError as exc:
             return self._fail(job, f"the tuner finished but {exc}", retryable=False)
+        beat.update(1.0, "uploading the result")
         return self._complete(job, files)
 
     def download(self, job: Assignment, workdir: Path) -> Path:

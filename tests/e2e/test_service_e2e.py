@@ -262,7 +262,11 @@ def test_serve_with_an_embedded_worker(
     with serve_process(env, tmp_path / "serve.log", "--embedded-worker") as url:
         with programs["good"].open("rb") as f:
             up = httpx.post(
-                f"{url}/api/v1/models", files={"file": f}, data={"tune": "true"}, headers=auth
+                f"{url}/api/v1/models",
+                files={"file": f},
+                data={"tune": "true"},
+                headers=auth,
+                timeout=60,  # the analysis child starts beside the embedded worker's torch import
             )
         assert up.status_code == 201, up.text
         job = wait_job(url, up.json()["job"]["id"], timeout_s=120)

@@ -81,7 +81,7 @@ def test_sigterm_ends_fxtune_serve_and_its_worker_and_tuning_child(tmp_path: Pat
         program = tmp_path / "tiny.pt2"
         tiny_program(program)
         with program.open("rb") as f:
-            httpx.post(f"{url}/api/v1/models", files={"file": f}, data={"tune": "true"})
+            httpx.post(f"{url}/api/v1/models", files={"file": f}, data={"tune": "true"}, timeout=60)
         tree = wait_for(lambda: tuning_tree(proc.pid), 120, "a tuning child to run")
         assert len(tree) >= 3, [cmdline(p) for p in tree]  # worker, (sandbox,) tuner
         terminate_and_check(proc, tree)

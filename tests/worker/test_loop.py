@@ -279,3 +279,30 @@ def test_a_worker_without_its_device_exits_4(monkeypatch: pytest.MonkeyPatch) ->
     result = CliRunner().invoke(app, ["--device", absent, "--server", "http://127.0.0.1:9"])
     assert result.exit_code == ExitCode.DEVICE, result.output
     assert "not available" in result.output
+
+
+class SlowToComplete(RecordingClient):
+    """A result the service takes longer than the lease to accept (it checks results), with
+    the service's reaper running just before it answers."""
+
+    def __init__(self, *args: Any, reap: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reap = reap
+
+    def complete(self, job: Assignment, files: dict[str, Path]) -> dict[str, Any]:
+        time.sleep(job.lease_s + 1)
+        self.reap(utcnow())
+        return super().complete(job, files)
+
+
+def test_the_lease_is_kept_while_the_result_is_being_accepted(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, app = server
+    model = submit(url, program)
+    worker = make_worker(url, "ok", monkeypatch)
+    worker.client = SlowToComplete(url, None, reap=app.state.store.requeue_expired)
+    assert worker.run(once=True) == 1
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "succeeded" and job["attempts"] == 1, job
+    assert any(m == "uploading the result" for _, m in worker.client.beats)  # type: ignore[attr-defined]
