@@ -41,7 +41,8 @@ class ZooModel:
         )
 
 
-def _random_norms(model: nn.Module, seed: int = 0) -> nn.Module:
+def randomize_batch_norms(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Fresh models have identity batch norms (mean 0, var 1), which would hide a bad fold."""
     gen = torch.Generator().manual_seed(seed)
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
@@ -270,7 +271,7 @@ class RegNetY400MF(nn.Module):
 
 def _cnn(name: str, cls: type[nn.Module], batch: int = 2, size: int = 160) -> ZooModel:
     torch.manual_seed(0)
-    return ZooModel(name, "cnn", _random_norms(cls()), _images(batch, size))
+    return ZooModel(name, "cnn", randomize_batch_norms(cls()), _images(batch, size))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench.zoo_models import randomize_batch_norms
 from tests.passes_helpers import InputMaker, apply_every_pass, assert_round_trip, fired
 
 transformers = pytest.importorskip("transformers")
@@ -53,19 +54,6 @@ def bert(attn_implementation: str) -> tuple[nn.Module, InputMaker]:
 
 def image_inputs(size: int) -> InputMaker:
     return lambda gen: (torch.randn(2, 3, size, size, generator=gen),)
-
-
-def randomize_batch_norms(model: nn.Module) -> nn.Module:
-    """Fresh models have identity batch norms (mean 0, var 1), which would hide a bad fold."""
-    gen = torch.Generator().manual_seed(0)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            with torch.no_grad():
-                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-    return model
 
 
 def resnet() -> tuple[nn.Module, InputMaker]:
