@@ -126,6 +126,14 @@ def thread_server(settings: Settings) -> Iterator[tuple[str, Any]]:
         thread.join(timeout=30)
 
 
+@contextlib.contextmanager
+def sqlite_service(root: Path, **settings: Any) -> Iterator[str]:
+    """A live service whose data and SQLite database live in `root`: for module fixtures."""
+    db = f"sqlite:///{root / 'db.sqlite'}"
+    with thread_server(Settings(data_dir=root / "data", database_url=db, **settings)) as live:
+        yield live[0]
+
+
 def fxtune_env(**env: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_")}
     return {**base, "PYTHONPATH": str(REPO), **env}

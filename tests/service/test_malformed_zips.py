@@ -11,10 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.core.config import Settings
 from tests.crafted import good_program
 from tests.malformed_zips import RAW_ERROR, VARIANTS, read_program_json
-from tests.service.helpers import REPO, fxtune_env, thread_server
+from tests.service.helpers import REPO, fxtune_env, sqlite_service
 from tuner.archive import open_archive
 from tuner.errors import ArtifactFormatError, UnsafeArtifactError
 
@@ -40,9 +39,7 @@ def malformed(good: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("svc")
-    settings = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
-    with thread_server(settings) as (url, _app):
+    with sqlite_service(tmp_path_factory.mktemp("svc")) as url:
         yield url
 
 

@@ -13,19 +13,16 @@ from typing import Any
 import httpx
 import pytest
 
-from service.core.config import Settings
 from tests.crafted import dynamic_program, rewrite
 from tests.program_mutants import mutate
-from tests.service.helpers import thread_server
+from tests.service.helpers import sqlite_service
 
 MUTANTS = 12
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("fuzz-svc")
-    settings = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
-    with thread_server(settings) as (url, _app):
+    with sqlite_service(tmp_path_factory.mktemp("fuzz-svc")) as url:
         yield url
 
 

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.core.config import Settings
 from tests.crafted import good_program
-from tests.service.helpers import thread_server
+from tests.service.helpers import sqlite_service
 from tuner.errors import FxtuneError
 from tuner.load import load_program
 
@@ -69,9 +68,7 @@ def test_the_loader_answers_every_damaged_zip_with_its_own_error(
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("zipfuzz-svc")
-    config = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
-    with thread_server(config) as (url, _app):
+    with sqlite_service(tmp_path_factory.mktemp("zipfuzz-svc")) as url:
         yield url
 
 
