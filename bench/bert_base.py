@@ -16,8 +16,8 @@ import transformers
 from rich.console import Console
 from torch import nn
 
-from tuner.capture import export_module
-from tuner.tune import TuneOptions, tune_program
+from tuner.graph.capture import export_module
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 
 class LastHidden(nn.Module):

@@ -3,7 +3,7 @@
 The MLP-with-split of issue 9 (exported with `Dim("batch", 2, 4096)`): fxtune tunes it at its
 default sizes, then what it ships (the AOTInductor package when inductor won, else the tuned
 module) and the tuned `.pt2` alone are timed against the original at each batch, interleaved
-(tuner.measure.compare), one row per batch.
+(tuner.measure.timing.compare), one row per batch.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from examples.dynamic import mlp_inputs, mlp_split
-from tuner import backends
-from tuner.load import load_program
-from tuner.outputs import aoti_path_for, write_outputs
-from tuner.summary import format_interval
-from tuner.tune import TuneOptions, tune_program
+from tuner.backends import registry as backends
+from tuner.loading.load import load_program
+from tuner.measure.summary import format_interval
+from tuner.tuning.outputs import aoti_path_for, write_outputs
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 BATCHES = (2, 32, 512, 4096)
 COLUMNS = ["fxtune program (eager)", "fxtune"]

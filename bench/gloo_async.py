@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tuner.distributed import run_ranks
+from tuner.distributed.ranks import run_ranks
 
 _c10d = torch.ops._c10d_functional
 

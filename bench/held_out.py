@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tuner.capture import export_module, save_program
+from tuner.graph.capture import export_module, save_program
 
 
 class FirstOutput(nn.Module):

@@ -1,6 +1,6 @@
 """`make bench`: overlap_comm_compute on the sharded example, 2 and 4 gloo ranks on this machine.
 
-Spawns the ranks, tunes in lockstep (tuner.distributed_tune: interleaved barrier-synchronised
+Spawns the ranks, tunes in lockstep (tuner.distributed.tune: interleaved barrier-synchronised
 A/B, the slowest rank's time per round counts) and writes bench/out/overlap.json with figure 5
 in numbers: sequential vs overlapped step time, comm alone, compute, hidden communication (µs
 and share of comm alone), per rank and for the slowest rank. Honest on small machines: with
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from examples.sharded import ShardedConfig, build
-from tuner.distributed_tune import DistributedTuneOptions, tune_distributed
+from tuner.distributed.tune import DistributedTuneOptions, tune_distributed
 
 
 def main(argv: list[str] | None = None) -> int:

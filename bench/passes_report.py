@@ -1,7 +1,7 @@
 """Every pass applied blindly to each example: op counts before/after and the CPU speed ratio.
 
 `python -m bench.passes_report [--budget-s N]`. The ratio is original / rewritten time per call,
-measured interleaved in one run (tuner.measure.compare), with its 95% interval.
+measured interleaved in one run (tuner.measure.timing.compare), with its 95% interval.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from examples.models import EXAMPLES
-from tuner.apply import apply_steps, count_ops
-from tuner.capture import export_module, to_graph_module
-from tuner.measure import compare
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.measure.timing import compare
 from tuner.passes import pass_names
+from tuner.passes.apply import apply_steps, count_ops
 
 
 def report_row(name: str, budget_s: float) -> list[str]:

@@ -8,7 +8,7 @@ The examples are joined by two held-out models (bench.held_out: BERT and ViT fro
 configs), so the "never below the best peer" column is checked on models nobody here wrote.
 
 Each figure is a speed ratio over the original program run eagerly, from an interleaved A/B
-comparison in this one run (tuner.measure.compare: median of paired ratios, 95% interval).
+comparison in this one run (tuner.measure.timing.compare: median of paired ratios, 95% interval).
 Writes bench/out/results.json, results.md (the README table) and bench.png.
 """
 
@@ -31,17 +31,17 @@ from rich.table import Table
 from bench import dynamic
 from bench.held_out import HELD_OUT, build_held_out
 from examples.build import build_all
-from tuner import backends
-from tuner.apply import apply_steps
-from tuner.capture import example_inputs, on_device, to_graph_module
-from tuner.cuda_graphs import GraphedModule
-from tuner.device import CPU, Device
-from tuner.load import load_program
-from tuner.measure import compare
-from tuner.outputs import aoti_path_for, write_outputs
+from tuner.backends import registry as backends
+from tuner.backends.cuda_graphs import GraphedModule
+from tuner.contract.device import CPU, Device
+from tuner.graph.capture import example_inputs, on_device, to_graph_module
+from tuner.loading.load import load_program
+from tuner.measure.summary import format_interval
+from tuner.measure.timing import compare
 from tuner.passes import pass_names
-from tuner.summary import format_interval
-from tuner.tune import TuneOptions, tune_program
+from tuner.passes.apply import apply_steps
+from tuner.tuning.outputs import aoti_path_for, write_outputs
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 OUT = Path(__file__).parent / "out"
 # What a user would pick instead of fxtune, per device kind; "fxtune / best peer" times fxtune

@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from examples.training import TRAINING, export_for_training
-from tuner.summary import format_interval
-from tuner.tune import TuneOptions, tune_program
+from tuner.measure.summary import format_interval
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 OUT = Path(__file__).parent / "out"
 

@@ -26,9 +26,9 @@ from torch import nn
 from bench.hostile_requests import rss_mb, service_pid
 from service.launch import serve_process
 from tests import crafted
-from tuner.capture import export_module, save_program
-from tuner.fingerprint import model_fingerprint
-from tuner.load import load_program
+from tuner.graph.capture import export_module, save_program
+from tuner.graph.fingerprint import model_fingerprint
+from tuner.loading.load import load_program
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,11 +33,11 @@ from rich.console import Console
 
 from bench.run import built_now, peers, ratio
 from bench.zoo_models import ZOO, exported
-from tuner import backends
-from tuner.capture import example_inputs
-from tuner.device import CPU
-from tuner.load import load_program
-from tuner.outputs import aoti_path_for
+from tuner.backends import registry as backends
+from tuner.contract.device import CPU
+from tuner.graph.capture import example_inputs
+from tuner.loading.load import load_program
+from tuner.tuning.outputs import aoti_path_for
 
 OUT = Path(__file__).parent / "out"
 PEER_NAMES = ("torch.compile", "AOTInductor")

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from examples.models import EXAMPLES
-from tuner.capture import export_module, save_program
+from tuner.graph.capture import export_module, save_program
 
 
 def build(name: str, out_dir: Path | str) -> Path:

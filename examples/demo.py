@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from service.launch import serve_process
-from tuner.summary import format_interval
+from tuner.measure.summary import format_interval
 
 console = Console()
 

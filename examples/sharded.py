@@ -162,7 +162,7 @@ def export_rank(cfg: ShardedConfig, rank: int, seed: int = 1) -> torch.export.Ex
 
 
 def _export_and_save(rank: int, world_size: int, cfg: ShardedConfig, pattern: str) -> str:
-    from tuner.distributed_tune import rank_path
+    from tuner.distributed.tune import rank_path
 
     path = rank_path(pattern, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def _export_and_save(rank: int, world_size: int, cfg: ShardedConfig, pattern: st
 
 def build(out_dir: Path | str, cfg: ShardedConfig) -> list[Path]:
     """Export every rank's program on a real gloo group and save `sharded_rank{r}.pt2`."""
-    from tuner.distributed import run_ranks
+    from tuner.distributed.ranks import run_ranks
 
     pattern = str(Path(out_dir) / "sharded_rank{rank}.pt2")
     paths = run_ranks(_export_and_save, cfg.world_size, cfg, pattern, backend="gloo")

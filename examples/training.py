@@ -15,7 +15,7 @@ state_dict names, as `nn.Parameter`s that require grad, so `loss.backward()` and
 over `module.parameters()` train it with plain torch.
 
 The loss fxtune times is the program's own when it returns a scalar (a model that computes its
-loss inside), else the mean of each floating output, summed (`tuner.training.loss_of`): what
+loss inside), else the mean of each floating output, summed (`tuner.training.step.loss_of`): what
 matters for timing is that the backward covers every output.
 
 `python -m examples.training OUT_DIR` writes `<name>_train.pt2` for each example.
@@ -31,7 +31,7 @@ import torch
 from torch.export import ExportedProgram
 
 from examples.models import EXAMPLES, Example, cnn, recsys, transformer
-from tuner.capture import save_program
+from tuner.graph.capture import save_program
 
 
 def _train(example: Example) -> Example:

@@ -2,10 +2,10 @@
 
 The API process streams uploads, checks the zip directory and stores; it never builds a graph
 from an upload. Fingerprinting an upload (with its resource bounds), loading a worker's tuned
-program and verifying it against the original all run as `python -m tuner.inspect` in a child
+program and verifying it against the original all run as `python -m tuner.checks.inspect` in a child
 with an address-space, CPU-time and wall-clock cap, an allowlisted environment and, where
 bubblewrap runs, namespaces that show it only the system, the Python environment and a folder
-holding the files it checks (`tuner.sandbox`). The service only reads the child's JSON answer.
+holding the files it checks (`tuner.host.sandbox`). The service only reads the child's JSON answer.
 
 Unlike a worker's tuning child, this one runs nothing the upload says: the program JSON is
 checked against fxtune's schema and the graph is only fake-propagated. So where bubblewrap cannot
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from service.core.config import Settings
-from tuner.exit_codes import ExitCode
-from tuner.sandbox import Limits, Sandbox, bwrap_works, run_child
+from tuner.contract.exit_codes import ExitCode
+from tuner.host.sandbox import Limits, Sandbox, bwrap_works, run_child
 
 log = logging.getLogger("fxtune.service")
 
@@ -91,20 +91,20 @@ def program_analysis(settings: Settings) -> ProgramAnalysis:
 
 
 class ProgramAnalysis:
-    """Runs `tuner.inspect` commands on files in a fresh folder under `root`."""
+    """Runs `tuner.checks.inspect` commands on files in a fresh folder under `root`."""
 
     def __init__(self, root: Path, limits: AnalysisLimits) -> None:
         self.root = root
         self.limits = limits
 
     def _run(self, args: list[str], files: dict[str, Path], what: str) -> dict[str, Any]:
-        """`python -m tuner.inspect ARGS --out result.json` in a fresh folder holding `files`."""
+        """`python -m tuner.checks.inspect ARGS --out result.json` in a new folder with `files`."""
         self.root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="check-", dir=self.root) as tmp:
             work = Path(tmp)
             for name, src in files.items():
                 _place(src, work / name)
-            cmd = [sys.executable, "-m", "tuner.inspect", *args, "--out", "result.json"]
+            cmd = [sys.executable, "-m", "tuner.checks.inspect", *args, "--out", "result.json"]
             limits = Limits(
                 wall_s=self.limits.wall_s,
                 cpu_s=self.limits.cpu_s,

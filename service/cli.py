@@ -139,11 +139,11 @@ def serve_cmd(
         raise typer.Exit(1)
     import uvicorn
 
-    from tuner.errors import UncheckedTorchError
-    from tuner.torch_compat import check_torch
+    from tuner.contract.errors import UncheckedTorchError
+    from tuner.host.torch_compat import check_torch
 
     try:
-        check_torch()  # uploads are checked with torch's export schema (tuner.program_schema)
+        check_torch()  # uploads are checked with torch's export schema (loading.program_schema)
     except UncheckedTorchError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -1,5 +1,5 @@
 """Distributed jobs on the service side: the ranks' uploads must share one structure, and a
-result becomes one tuned config per rank model (`tuner.distributed_config`)."""
+result becomes one tuned config per rank model (`tuner.distributed.config`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from service.reports import ReportError, tuning_result
 from service.store import Job, Model, TuningResult
-from tuner.distributed_config import DistributedReportError, rank_config
+from tuner.distributed.config import DistributedReportError, rank_config
 
 
 class RankModelsError(ValueError):

@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.store import Profile, TuningResult
-from tuner.config import TunedConfig
-from tuner.errors import UnsupportedDeviceError
-from tuner.hardware import hardware_key
+from tuner.contract.config import TunedConfig
+from tuner.contract.errors import UnsupportedDeviceError
+from tuner.host.hardware import hardware_key
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024
 PROFILE_KINDS = ("baseline", "tuned")

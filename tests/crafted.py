@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from tuner.capture import export_module, save_program
+from tuner.graph.capture import export_module, save_program
 
 MARKER_ENV = "FXTUNE_TEST_MARKER"
 CONSTRUCTOR_C = r"""

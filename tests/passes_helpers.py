@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.apply import Transformed, apply_steps
-from tuner.capture import export_module, to_graph_module
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.passes.apply import Transformed, apply_steps
 
 InputMaker = Callable[[torch.Generator], tuple[Any, ...]]
 

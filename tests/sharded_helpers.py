@@ -76,7 +76,7 @@ def tune_then_die(rank: int, world_size: int, model: str, options: Any, pid_dir:
 
     The kill is tied to the timing step, not to a clock: a fixed delay raced the job's end.
     """
-    from tuner import distributed_tune
+    from tuner.distributed import tune as distributed_tune
 
     record_pid(pid_dir, rank)
     if rank == 1:

@@ -30,7 +30,7 @@ def torch_requirement() -> Requirement:
 
 def test_the_package_declares_the_torch_its_tests_ran_on() -> None:
     """2.13 only: the GPU image's 2.11 joins once the GPU issue has run the suite there."""
-    from tuner.torch_compat import CHECKED_SERIES
+    from tuner.host.torch_compat import CHECKED_SERIES
 
     spec = torch_requirement().specifier
     assert set(spec.filter(["2.11.0", "2.12.1", "2.13.0", "2.13.1", "2.14.0"])) == {

@@ -1,4 +1,8 @@
-"""fxtune's tuning library: load, capture, passes, sites, measure, profile, search, config, apply.
+"""fxtune's tuning library. Each subpackage is one concern, in layers from the bottom up:
 
-It depends on nothing else in this repository; the service and the worker depend on it.
+contract (torch-free) < host < graph < loading < passes < measure < profiling < backends
+< training < search < deploy < tuning < distributed < checks < cli
+
+A module imports only from its own layer or below (tests/tuner/test_layers.py). The library
+depends on nothing else in this repository; the service and the worker depend on it.
 """

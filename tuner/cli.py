@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.device import KINDS, Device
-from tuner.errors import FxtuneError, InputError, NoConfigError
-from tuner.exit_codes import exit_code_for
+from tuner.contract.device import KINDS, Device
+from tuner.contract.errors import FxtuneError, InputError, NoConfigError
+from tuner.contract.exit_codes import exit_code_for
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 console = Console()
@@ -25,7 +25,8 @@ DeviceOpt = Annotated[
 
 
 def fail(exc: FxtuneError) -> typer.Exit:
-    """The message, and the exit code for the error's type (tuner.exit_codes); only the tuner's
+    """The message, and the exit code for the error's type (tuner.contract.exit_codes); only the
+    tuner's
     own errors are caught: anything else is a bug and exits INTERNAL (1) with its traceback."""
     err.print(f"[red]error:[/red] {exc}")
     return typer.Exit(code=exit_code_for(exc))
@@ -45,8 +46,8 @@ def passes_cmd() -> None:
 @app.command("sites")
 def sites_cmd(model: ModelArg) -> None:
     """List every pass's sites in MODEL (each pass looks at the original graph)."""
-    from tuner.bounds import load_bounded
-    from tuner.capture import to_graph_module
+    from tuner.graph.capture import to_graph_module
+    from tuner.loading.bounds import load_bounded
     from tuner.passes import get_pass, pass_names
 
     try:
@@ -70,9 +71,9 @@ def apply_cmd(
     out: Annotated[Path, typer.Option(help="Where to write the rewritten .pt2")],
 ) -> None:
     """Apply passes to all their sites and save the rewritten program."""
-    from tuner.apply import apply_passes, count_ops
-    from tuner.bounds import load_bounded
-    from tuner.capture import save_program, to_graph_module
+    from tuner.graph.capture import save_program, to_graph_module
+    from tuner.loading.bounds import load_bounded
+    from tuner.passes.apply import apply_passes, count_ops
 
     names = [p.strip() for p in passes.split(",") if p.strip()]
     try:
@@ -169,7 +170,7 @@ def tune_cmd(
 ) -> None:
     """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
     if world_size > 1:
-        from tuner.distributed_cli import tune_distributed_cmd
+        from tuner.distributed.cli import tune_distributed_cmd
 
         if sizes:
             raise fail(InputError("--sizes is not supported with --world-size (yet)"))
@@ -178,11 +179,11 @@ def tune_cmd(
 
         tune_distributed_cmd(model, out, report, world_size, budget_s, threads, console)
         return
-    from tuner.bounds import load_bounded
-    from tuner.measure import require_timing
-    from tuner.outputs import write_outputs
-    from tuner.sizes import parse_sizes
-    from tuner.tune import TuneOptions, tune_program, tuning_session
+    from tuner.graph.sizes import parse_sizes
+    from tuner.loading.bounds import load_bounded
+    from tuner.measure.timing import require_timing
+    from tuner.tuning.outputs import write_outputs
+    from tuner.tuning.tuner import TuneOptions, tune_program, tuning_session
 
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
     try:
@@ -204,7 +205,7 @@ def tune_cmd(
             write_outputs(outcome, out, report, profile=not no_profile, progress=say)
     except FxtuneError as exc:
         raise fail(exc) from None
-    from tuner.summary import format_interval
+    from tuner.measure.summary import format_interval
 
     cfg = outcome.config
     table = Table("candidate", "backend", "speedup", "95% interval", "verdict")
@@ -260,9 +261,9 @@ def profile_cmd(
     ] = None,
 ) -> None:
     """Profile MODEL on its example inputs: time by op category, ops, kernels, overhead, memory."""
-    from tuner.bounds import load_bounded
-    from tuner.capture import example_inputs
-    from tuner.profile import profile_callable, profileable
+    from tuner.graph.capture import example_inputs
+    from tuner.loading.bounds import load_bounded
+    from tuner.profiling.profile import profile_callable, profileable
     from tuner.profiling.report import breakdown_table, figure_lines, top_ops_table
 
     try:
@@ -309,14 +310,14 @@ def fetch_cmd(
     import re
     from typing import get_args
 
-    from tuner.client import fetch_config
-    from tuner.config import Mode
+    from tuner.contract.config import Mode
+    from tuner.deploy.client import fetch_config
 
     if re.fullmatch(r"[0-9a-f]{1,64}", target) and not Path(target).exists():
         fingerprint = target
     elif Path(target).is_file() or target.endswith(".pt2"):
-        from tuner.fingerprint import model_fingerprint
-        from tuner.load import load_program
+        from tuner.graph.fingerprint import model_fingerprint
+        from tuner.loading.load import load_program
 
         try:
             fingerprint = model_fingerprint(load_program(target))

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from tuner.device import Device
-from tuner.exit_codes import ExitCode
+from tuner.contract.device import Device
+from tuner.contract.exit_codes import ExitCode
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -44,9 +44,9 @@ def worker_cmd(
     ] = None,
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
-    from tuner.errors import DeviceUnavailableError, UncheckedTorchError
-    from tuner.sandbox import SandboxUnavailable, resolve_sandbox
-    from tuner.torch_compat import check_torch
+    from tuner.contract.errors import DeviceUnavailableError, UncheckedTorchError
+    from tuner.host.sandbox import SandboxUnavailable, resolve_sandbox
+    from tuner.host.torch_compat import check_torch
     from worker.client import ServiceError
     from worker.config import WorkerSettings
     from worker.hardware import detect

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tuner.sandbox import SandboxMode
+from tuner.host.sandbox import SandboxMode
 
 
 def default_tune_command() -> list[str]:

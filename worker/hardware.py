@@ -7,8 +7,8 @@ import subprocess
 import sys
 from typing import Any
 
-from tuner.device import Device
-from tuner.errors import DeviceUnavailableError
+from tuner.contract.device import Device
+from tuner.contract.errors import DeviceUnavailableError
 
 
 def detect(device: Device, timeout_s: float = 120) -> dict[str, Any]:
@@ -27,8 +27,8 @@ def detect(device: Device, timeout_s: float = 120) -> dict[str, Any]:
 
 
 def _main(text: str) -> None:
-    from tuner.errors import FxtuneError
-    from tuner.hardware import describe, hardware_key
+    from tuner.contract.errors import FxtuneError
+    from tuner.host.hardware import describe, hardware_key
 
     try:
         device = Device.parse(text).require_available()

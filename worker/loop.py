@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 
-from tuner.child_env import MAX_ERROR_CHARS, MAX_PROGRESS_CHARS, Redactor
-from tuner.device import Device
-from tuner.exit_codes import ExitCode
-from tuner.sandbox import (
+from tuner.contract.device import Device
+from tuner.contract.exit_codes import ExitCode
+from tuner.host.child_env import MAX_ERROR_CHARS, MAX_PROGRESS_CHARS, Redactor
+from tuner.host.sandbox import (
     ChildResult,
     Limits,
     Sandbox,
@@ -33,9 +33,9 @@ from worker.config import WorkerSettings
 
 log = logging.getLogger("fxtune.worker")
 
-# `fxtune tune` exit codes (tuner.exit_codes) after which another attempt cannot help: a bad or
-# refused model fails the same anywhere. INTERNAL (1), signals and timeouts are retried; DEVICE
-# (4) is retried elsewhere while this worker stops claiming (see run_job).
+# `fxtune tune` exit codes (tuner.contract.exit_codes) after which another attempt cannot help: a
+# bad or refused model fails the same anywhere. INTERNAL (1), signals and timeouts are retried;
+# DEVICE (4) is retried elsewhere while this worker stops claiming (see run_job).
 PERMANENT_EXITS = frozenset({ExitCode.USER_INPUT, ExitCode.REFUSED})
 ONCE_PATIENCE_S = 60.0  # with --once, give up on a service that stays unreachable this long
 RANK_INPUT = "input_rank{rank}.pt2"  # a distributed job's programs (`fxtune tune` fills {rank})
@@ -301,7 +301,7 @@ class Worker:
 
     def child_env(self) -> dict[str, str]:
         """The operator's extra variables for the child (FXTUNE_WORKER_CHILD_ENV), if set here;
-        the allowlist itself is `tuner.child_env`."""
+        the allowlist itself is `tuner.host.child_env`."""
         names = self.settings.worker_child_env
         return {name: os.environ[name] for name in names if name in os.environ}
 

@@ -69,7 +69,7 @@ def _probe(requested: str | None) -> tuple[Any, str]:
         import torch
     except ImportError as exc:  # no torch at all: nothing to check either
         return None, f"torch is not importable here ({exc})"
-    from tuner.device import Device
+    from tuner.contract.device import Device
 
     if requested is not None:
         return Device.parse(requested), f"torch {torch.__version__}"

@@ -2,11 +2,11 @@
 
 What ships is loaded from the files `fxtune tune` wrote, as a deployment loads them: the
 AOTInductor package when one shipped, else the tuned `.pt2` under its backend
-(`tuner.backends.deployed`: a CUDA graph, torch.compile). It is compared with the original on
-fresh inputs (`tuner.measure.check_outputs`: the tuner's own tolerance; `output_errors`: the
-largest error), then timed against eager and against each peer of the device (`bench.run`'s
-peers, `tuner.measure.compare`: interleaved, CUDA events on a GPU), each pair once. Kernel and op
-counts come from the report's profiles, which `fxtune tune` already measured.
+(`tuner.backends.registry.deployed`: a CUDA graph, torch.compile). It is compared with the original
+on fresh inputs (`tuner.measure.timing.check_outputs`: the tuner's own tolerance; `output_errors`:
+the largest error), then timed against eager and against each peer of the device (`bench.run`'s
+peers, `tuner.measure.timing.compare`: interleaved, CUDA events on a GPU), each pair once. Kernel
+and op counts come from the report's profiles, which `fxtune tune` already measured.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 
 from bench.gpu_check.isolate import REPO, Row, child_env, signal_status
 from bench.gpu_check.models import Built, ModelSpec
-from tuner.device import Device
-from tuner.summary import format_interval
+from tuner.contract.device import Device
+from tuner.measure.summary import format_interval
 
 
 def tune(
@@ -85,8 +85,8 @@ def _status(mismatch: str | None, speedups: dict[str, Any], device: Device) -> s
 
 def check_model(job: dict[str, Any], spec: ModelSpec, row: Row) -> None:
     """Fill `row` for one model, stage by stage (see `bench.gpu_check.isolate`)."""
-    from tuner.config import apply_config
-    from tuner.load import load_program
+    from tuner.deploy.replay import apply_config
+    from tuner.loading.load import load_program
 
     device = Device.parse(job["device"])
     work = Path(job["work"]) / spec.name
@@ -116,20 +116,20 @@ def check_model(job: dict[str, Any], spec: ModelSpec, row: Row) -> None:
 
 
 def _load_original(path: Path, device: Device) -> Any:
-    from tuner.capture import on_device
-    from tuner.load import load_program
+    from tuner.graph.capture import on_device
+    from tuner.loading.load import load_program
 
     return on_device(load_program(path), device.torch_device)
 
 
 def _tuned_module(work: Path, device: Device) -> torch.nn.Module:
-    from tuner.capture import on_device
+    from tuner.graph.capture import on_device
 
     return on_device(torch.export.load(work / "tuned.pt2"), device.torch_device).module()
 
 
 def _on(device: Device, trials: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    from tuner.tune import to_device
+    from tuner.tuning.tuner import to_device
 
     return [tuple(to_device(x, device) for x in t) for t in trials]
 
@@ -139,7 +139,7 @@ def _shipped_infer(
 ) -> Callable[..., Any]:
     """What a deployment runs: the AOTInductor package when it shipped, else the tuned module
     under the chosen backend."""
-    from tuner import backends
+    from tuner.backends import registry as backends
 
     config, artifacts = report["config"], report.get("artifacts") or {}
     if artifacts.get("aoti"):
@@ -162,9 +162,9 @@ def _check_infer(
     row: Row,
 ) -> None:
     from bench.run import built_now, peers, ratio
-    from tuner.capture import example_inputs
-    from tuner.measure import check_outputs
-    from tuner.tune import output_errors
+    from tuner.graph.capture import example_inputs
+    from tuner.measure.timing import check_outputs
+    from tuner.tuning.tuner import output_errors
 
     notes: list[str] = []
     original = _load_original(built.path, device)
@@ -216,8 +216,8 @@ def _check_train(
     against the original's (outputs, loss, gradients, parameters after the step) and timed
     against the eager step and torch.compile's step, the training peer."""
     from bench.run import ratio
-    from tuner.capture import example_inputs
-    from tuner.training import RUNNERS, check_training, compiled_runner, eager_runner
+    from tuner.graph.capture import example_inputs
+    from tuner.training.step import RUNNERS, check_training, compiled_runner, eager_runner
 
     config = report["config"]
     optimizer = (config.get("training") or {}).get("optimizer")

@@ -64,7 +64,7 @@ def _like(inputs: Inputs, seed: int) -> Inputs:
 
 def _example(name: str, out_dir: Path) -> Built:
     from examples.models import EXAMPLES
-    from tuner.capture import export_module, save_program
+    from tuner.graph.capture import export_module, save_program
 
     example = EXAMPLES[name]()
     path = save_program(
@@ -89,8 +89,8 @@ def transformer(out_dir: Path) -> Built:
 
 def _held_out(name: str, out_dir: Path) -> Built:
     from bench.held_out import build_held_out
-    from tuner.capture import example_inputs
-    from tuner.load import load_program
+    from tuner.graph.capture import example_inputs
+    from tuner.loading.load import load_program
 
     path = build_held_out(out_dir, [name])[name]
     inputs = example_inputs(load_program(path))
@@ -109,7 +109,7 @@ def vit_tiny(out_dir: Path) -> Built:
 def mlp_dynamic(out_dir: Path) -> Built:
     """The MLP-with-split exported with a dynamic batch (2 to 4096); compared at three batches."""
     from examples.dynamic import mlp_inputs, mlp_split
-    from tuner.capture import save_program
+    from tuner.graph.capture import save_program
 
     _, program = mlp_split()
     path = save_program(program, out_dir / "mlp_dynamic.pt2")
@@ -119,7 +119,7 @@ def mlp_dynamic(out_dir: Path) -> Built:
 def transformer_train(out_dir: Path) -> Built:
     """A training step: the transformer exported in train mode (dropout live)."""
     from examples.training import TRAINING, export_for_training
-    from tuner.capture import save_program
+    from tuner.graph.capture import save_program
 
     example = TRAINING["transformer"]()
     path = save_program(export_for_training(example), out_dir / "transformer_train.pt2")

@@ -19,16 +19,16 @@ from typing import Any
 
 from bench.gpu_check.isolate import REPO, Row, child_env, signal_status
 from bench.gpu_check.models import REGISTRY
-from tuner.device import Device
+from tuner.contract.device import Device
 
 SUBMIT_SLACK_S = 120.0  # beyond the tuning budget: upload, claim, the worker's child, writing
 
 
 def check_service(job: dict[str, Any], row: Row) -> None:
     from service.launch import serve_process
-    from tuner.client import FxtuneClientWarning, load_tuned
-    from tuner.measure import check_outputs
-    from tuner.tune import output_errors
+    from tuner.deploy.client import FxtuneClientWarning, load_tuned
+    from tuner.measure.timing import check_outputs
+    from tuner.tuning.tuner import output_errors
 
     model = job["service_model"]
     device = Device.parse(job["device"])
@@ -79,9 +79,9 @@ def check_service(job: dict[str, Any], row: Row) -> None:
                 built.path, server=url, device=device, cache_dir=work / "client-cache"
             )
         fallbacks = [str(w.message) for w in caught if issubclass(w.category, FxtuneClientWarning)]
-    from tuner.capture import on_device
-    from tuner.load import load_program
-    from tuner.tune import to_device
+    from tuner.graph.capture import on_device
+    from tuner.loading.load import load_program
+    from tuner.tuning.tuner import to_device
 
     original = on_device(load_program(built.path), device.torch_device).module()
     trials = [tuple(to_device(x, device) for x in t) for t in built.trials]

@@ -22,7 +22,7 @@ from service.api.config_cache import Scope as CacheScope
 from service.api.deps import bearer, check_reader
 from service.api.responses import config_response
 from service.api.schemas import INT64_MAX, Device
-from tuner.config import Mode
+from tuner.contract.config import Mode
 
 _FINGERPRINT = re.compile(r"^/api/v1/configs/([0-9a-f]{1,64})$")
 _MODEL = re.compile(r"^/api/v1/models/([1-9][0-9]{0,18})/config$")

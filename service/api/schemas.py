@@ -9,9 +9,9 @@ from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from service.store import ConfigSummary, Job, Model
-from tuner.config import Mode
-from tuner.device import KINDS
-from tuner.training import optimizer_names
+from tuner.contract.config import Mode
+from tuner.contract.device import KINDS
+from tuner.contract.training import OPTIMIZER_NAMES
 
 # The tuner's registry of device kinds, so the API accepts exactly what workers can tune on; a
 # job targets a kind, never one GPU ("cuda:1" is the worker's choice). A Literal keeps the enum
@@ -25,7 +25,7 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 Budget = Field(default=None, gt=0, le=7 * 24 * 3600, description="Tuning time budget, seconds")
 MAX_WORLD_SIZE = 64  # ranks of one distributed job (each rank is a process on one worker)
-Optimizer = Literal[tuple(optimizer_names())]  # type: ignore[valid-type]
+Optimizer = Literal[OPTIMIZER_NAMES]  # type: ignore[valid-type]
 ModeField = Field(
     default="infer",
     description='"train": tune a training step (forward, loss, backward, and the optimizer '
@@ -75,7 +75,7 @@ class ConfigSummaryOut(BaseModel):
         )
 
 
-# Dynamic dimension name -> sizes to tune at (tuner.sizes); bounded so a job stays small.
+# Dynamic dimension name -> sizes to tune at (tuner.graph.sizes); bounded so a job stays small.
 Sizes = dict[
     Annotated[str, StringConstraints(min_length=1, max_length=64)],
     Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=16)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.rows import TIMES
-from tuner.summary import format_interval
+from tuner.measure.summary import format_interval
 
 NA = "n/a"
 
@@ -45,7 +45,7 @@ def speedup(x: float | None) -> str:
 
 
 def interval(ci: Sequence[float | None] | None) -> str:
-    """The CLI's format (`tuner.summary.format_interval`): an open side prints as 'open'.
+    """The CLI's format (`tuner.measure.summary.format_interval`): an open side prints as 'open'.
 
     Stored rows cannot tell "not measured" from "open on both sides", so both read n/a.
     """

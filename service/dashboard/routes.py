@@ -15,8 +15,8 @@ from service.dashboard import views
 from service.dashboard.auth import TOKEN_COOKIE, LoginRequired, require_page_reader
 from service.package_data import package_dir
 from service.store import NotFound
-from tuner.config import Mode
-from tuner.training import optimizer_names
+from tuner.contract.config import Mode
+from tuner.contract.training import OPTIMIZER_NAMES
 
 STATIC_DIR = package_dir("service.dashboard", "static")
 DEVICES = get_args(Device)
@@ -45,7 +45,7 @@ def page(
         "token_required": settings.token is not None,
         "token_cookie": TOKEN_COOKIE,
         "devices": DEVICES,
-        "optimizers": optimizer_names(),
+        "optimizers": list(OPTIMIZER_NAMES),
         **context,
     }
     return templates.TemplateResponse(

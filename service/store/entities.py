@@ -39,7 +39,7 @@ class Job:
     sizes: dict[str, list[int]] | None = None  # sizes to tune dynamic dims at (None: default)
     world_size: int = 1  # ranks of a distributed job
     rank_models: list[int] | None = None  # each rank's uploaded program (model ids, rank order)
-    mode: str = "infer"  # "train": a training step is tuned (tuner.tune_train)
+    mode: str = "infer"  # "train": a training step is tuned (tuner.tuning.train)
     optimizer: str | None = None  # with mode "train": stepped each timed step (None: none)
     worker_hardware: dict[str, Any] | None = None  # what the last claiming worker declared
 
@@ -86,7 +86,8 @@ class ConfigSummary:
 @dataclass(frozen=True)
 class StoredConfig:
     """A tuned config as stored: its summary row, the config JSON (the one source of every
-    per-site decision) and the stored artifacts. `tuner.config.TunedConfig` is the JSON's schema."""
+    per-site decision) and the stored artifacts. `tuner.contract.config.TunedConfig` is the JSON's
+    schema."""
 
     summary: ConfigSummary
     hardware: dict[str, Any]

@@ -8,8 +8,8 @@ import torch
 
 from bench.zoo import markdown
 from bench.zoo_models import ZOO, exported
-from tuner.capture import example_inputs
-from tuner.load import load_program
+from tuner.graph.capture import example_inputs
+from tuner.loading.load import load_program
 
 
 def test_the_zoo_spans_the_architectures_the_issue_names() -> None:

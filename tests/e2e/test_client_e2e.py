@@ -32,9 +32,9 @@ from tests.service.helpers import (
 )
 from tests.tuner.test_client import load_recording
 from tuner.cli import app
-from tuner.client import CheckedInputs
-from tuner.fingerprint import model_fingerprint
-from tuner.load import load_program
+from tuner.deploy.client import CheckedInputs
+from tuner.graph.fingerprint import model_fingerprint
+from tuner.loading.load import load_program
 
 pytestmark = pytest.mark.e2e
 

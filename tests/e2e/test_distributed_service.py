@@ -18,9 +18,9 @@ from service.core.config import Settings
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server
 from tests.sharded_helpers import build_small
-from tuner.distributed_tune import rank_path
-from tuner.load import load_program
-from tuner.sandbox import bwrap_works
+from tuner.distributed.tune import rank_path
+from tuner.host.sandbox import bwrap_works
+from tuner.loading.load import load_program
 from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker

@@ -55,8 +55,8 @@ PACKAGE_DATA = {
     "service/dashboard/static/vendor/chart.umd.js",
     "service/dashboard/static/vendor/chart.js.LICENSE.md",
 }
-# What only the service needs: the light install must not have it, and `tuner.client` must not
-# import it anywhere.
+# What only the service needs: the light install must not have it, and `tuner.deploy.client` must
+# not import it anywhere.
 SERVICE_ONLY = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg")
 NOT_IN_CLIENT = (*SERVICE_ONLY, "pandas")
 
@@ -197,7 +197,7 @@ CLIENT_IMPORTS = textwrap.dedent(
     import tuner.client
     took = time.perf_counter() - t0
     print(json.dumps({"import_s": took, "modules": sorted({m.split(".")[0] for m in sys.modules}),
-                      "file": tuner.client.__file__}))
+                      "file": tuner.deploy.client.__file__}))
     """
 )
 
@@ -233,7 +233,7 @@ LOAD_TUNED = textwrap.dedent(
     import json, sys, warnings
     from pathlib import Path
     import torch
-    from tuner.client import FxtuneClientWarning, load_tuned
+    from tuner.deploy.client import FxtuneClientWarning, load_tuned
 
     model, server, cache = sys.argv[1:4]
     warnings.simplefilter("error", FxtuneClientWarning)  # untuned would be a failure here

@@ -30,8 +30,8 @@ from tests.service.helpers import (
     wait_for,
     worker_process,
 )
-from tuner.fingerprint import model_fingerprint
-from tuner.load import load_program
+from tuner.graph.fingerprint import model_fingerprint
+from tuner.loading.load import load_program
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import httpx
 
 from service.launch import free_port
 from tests.service.helpers import REPO, children, fxtune_env, pid_alive, tiny_program, wait_for
-from tuner.sandbox import bwrap_works
+from tuner.host.sandbox import bwrap_works
 
 SANDBOX = "auto" if bwrap_works() else "none"
 

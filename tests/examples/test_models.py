@@ -6,8 +6,8 @@ import torch
 from examples.build import build_all, main
 from examples.models import EXAMPLES, Example
 from tests.passes_helpers import apply_every_pass, assert_round_trip, fired, outputs_of
-from tuner.capture import example_inputs
-from tuner.load import load_program
+from tuner.graph.capture import example_inputs
+from tuner.loading.load import load_program
 
 NAMES = sorted(EXAMPLES)
 

@@ -14,7 +14,7 @@ from examples.sharded import (
     reference_slice,
 )
 from tests.sharded_helpers import small
-from tuner.distributed import run_ranks
+from tuner.distributed.ranks import run_ranks
 
 
 def sharded_outputs(rank: int, world_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,8 +67,8 @@ def training_config(
 
 def program_fingerprint(program: Path) -> str:
     """What a real tuner reports for `program` (the service checks it; this needs torch)."""
-    from tuner.fingerprint import model_fingerprint
-    from tuner.load import load_program
+    from tuner.graph.fingerprint import model_fingerprint
+    from tuner.loading.load import load_program
 
     return model_fingerprint(load_program(program))
 

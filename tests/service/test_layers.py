@@ -38,3 +38,16 @@ def test_no_import_points_the_wrong_way(package: str) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[package])
     ]
     assert bad == []
+
+
+def test_the_request_schemas_import_without_torch_or_pandas() -> None:
+    """The API's schemas read the torch-free contract (tuner.contract), not the tuner itself."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, service.api.schemas; "
+        "print(sorted(m for m in ('torch', 'pandas', 'tuner.training') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -14,8 +14,8 @@ import pytest
 from tests.crafted import good_program
 from tests.malformed_zips import RAW_ERROR, VARIANTS, read_program_json
 from tests.service.helpers import REPO, fxtune_env, sqlite_service
-from tuner.archive import open_archive
-from tuner.errors import ArtifactFormatError, UnsafeArtifactError
+from tuner.contract.errors import ArtifactFormatError, UnsafeArtifactError
+from tuner.loading.archive import open_archive
 
 WHY = {
     "bad_crc": "damaged",

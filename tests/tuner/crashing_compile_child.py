@@ -1,7 +1,7 @@
 """A compile child that segfaults when it runs what it built: a real crash in a real child.
 
-It goes through tuner.compile_child.main with the compile skipped (to keep the test short) and
-the package's runner, or the probed backend's, replaced by one that reads address 0, as a
+It goes through tuner.backends.child.main with the compile skipped (to keep the test short)
+and the package's runner, or the probed backend's, replaced by one that reads address 0, as a
 miscompiled kernel would.
 """
 
@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuner import backends, compile_child
+from tuner.backends import child
+from tuner.backends import registry as backends
 
 
 def _no_compile(program: Any, path: Path, *, instrumented: bool = False) -> Path:
@@ -35,4 +36,4 @@ if __name__ == "__main__":
     backends.load_aoti = _load_crashing
     for name in backends.PROBED:
         backends.BACKENDS[name] = _build_crashing
-    raise SystemExit(compile_child.main(sys.argv[1:]))
+    raise SystemExit(child.main(sys.argv[1:]))

@@ -33,15 +33,16 @@ from tests.tuner.tuning_fixtures import (
     TwoChainNet,
     registered,
 )
-from tuner import backends
-from tuner.buckets import SizeDispatch, bucket_dim, plan_buckets, winner_at
-from tuner.client import CheckedInputs, FxtuneClientWarning, load_tuned
-from tuner.config import Figures, SizeFigures, TunedConfig
-from tuner.load import load_program
-from tuner.outputs import write_outputs
-from tuner.shapes import DynamicDim, ShapeSpec
-from tuner.sizes import SizePoint
-from tuner.tune import TuneOptions, tune_program, tuning_session
+from tuner.backends import registry as backends
+from tuner.contract.config import Figures, SizeFigures, TunedConfig
+from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, load_tuned
+from tuner.deploy.dispatch import SizeDispatch
+from tuner.graph.shapes import DynamicDim, ShapeSpec
+from tuner.graph.sizes import SizePoint
+from tuner.loading.load import load_program
+from tuner.search.buckets import bucket_dim, plan_buckets, winner_at
+from tuner.tuning.outputs import write_outputs
+from tuner.tuning.tuner import TuneOptions, tune_program, tuning_session
 
 SIZES = [2, 32, 1024]
 TOL = {"atol": 1e-3, "rtol": 1e-4}

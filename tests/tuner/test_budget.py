@@ -20,13 +20,13 @@ from examples.models import EXAMPLES, recsys
 from fxtune_cli import app
 from tests.tuner.test_tune import SplitNormTanh
 from tests.tuner.tuning_fixtures import WrongRelu, registered
-from tuner.capture import export_module
-from tuner.compile_child import CompileOverrun, compile_aoti_in_child
-from tuner.compile_time import CompileTimes
-from tuner.device import Device
-from tuner.hardware import describe, hardware_key
-from tuner.measure import fixed_threads
-from tuner.tune import TuneOptions, tune_program
+from tuner.backends.compile_time import CompileTimes
+from tuner.backends.isolation import CompileOverrun, compile_aoti_in_child
+from tuner.contract.device import Device
+from tuner.graph.capture import export_module
+from tuner.host.hardware import describe, hardware_key
+from tuner.measure.timing import fixed_threads
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 MARGIN_S = 15.0
 
@@ -116,7 +116,7 @@ def test_a_candidate_whose_output_check_would_overrun_is_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A BERT-base here spent 61 s checking one candidate's outputs with 3 s of budget left."""
-    monkeypatch.setattr("tuner.tune.quick_per_call_s", lambda fn, repeats=3: 1.0)  # 1 s a call
+    monkeypatch.setattr("tuner.tuning.tuner.quick_per_call_s", lambda fn, repeats=3: 1.0)  # 1 s
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(budget_s=10, backends=["eager"], cache_path=tmp_path / "c.json")
     started = time.monotonic()

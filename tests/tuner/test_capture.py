@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from tuner.capture import to_graph_module
+from tuner.graph.capture import to_graph_module
 
 
 class Mlp(torch.nn.Module):

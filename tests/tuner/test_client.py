@@ -27,9 +27,9 @@ from typer.testing import CliRunner
 
 from tests.service.fakes import config as fake_config
 from tests.tuner.passes.test_combine_sparse_inputs import Ranker, ranker_inputs
-from tuner.capture import export_module, save_program, to_graph_module
 from tuner.cli import app
-from tuner.client import (
+from tuner.contract.errors import ArtifactFormatError
+from tuner.deploy.client import (
     CheckedInputs,
     ConfigCache,
     FxtuneClientWarning,
@@ -37,8 +37,8 @@ from tuner.client import (
     fetch_config,
     load_tuned,
 )
-from tuner.errors import ArtifactFormatError
-from tuner.fingerprint import model_fingerprint
+from tuner.graph.capture import export_module, save_program, to_graph_module
+from tuner.graph.fingerprint import model_fingerprint
 from tuner.passes import get_pass
 
 REPO = Path(__file__).resolve().parents[2]
@@ -480,7 +480,7 @@ except ImportError:
 else:
     raise SystemExit("the import blocker does not work")
 
-from tuner.client import FxtuneClientWarning, load_tuned
+from tuner.deploy.client import FxtuneClientWarning, load_tuned
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

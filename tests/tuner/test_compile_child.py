@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.tuner.test_tune import SplitNormTanh
-from tuner import compile_child
-from tuner.capture import export_module
-from tuner.tune import TuneOptions, tune_program
+from tuner.backends import isolation
+from tuner.graph.capture import export_module
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 CRASHING = "tests.tuner.crashing_compile_child"
 
@@ -22,7 +22,7 @@ def test_crashing_candidates_are_recorded_and_tuning_goes_on(
     retried the whole job into the same crash. torch.compile (and CUDA graphs) build inside the
     process that runs them; with `isolate_compiles` (the default on CUDA) a child builds and
     runs each first, so a crash there ends the candidate, not the run."""
-    monkeypatch.setattr(compile_child, "CHILD_MODULE", CRASHING)
+    monkeypatch.setattr(isolation, "CHILD_MODULE", CRASHING)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(
         budget_s=60,

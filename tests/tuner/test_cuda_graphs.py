@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from tuner import backends
-from tuner.cuda_graphs import GraphedModule
-from tuner.device import Device
+from tuner.backends import registry as backends
+from tuner.backends.cuda_graphs import GraphedModule
+from tuner.contract.device import Device
 
 
 class Recorded:

@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 from service.api.schemas import ClaimIn, JobCreate
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import tiny_program
-from tuner import hardware
 from tuner.cli import app
-from tuner.device import KINDS, Device, DeviceKind
-from tuner.errors import DeviceUnavailableError, UnsupportedDeviceError
-from tuner.measure import compare
-from tuner.profile import profile_callable
-from tuner.tune import TuneOptions, Tuner
+from tuner.contract.device import KINDS, Device, DeviceKind
+from tuner.contract.errors import DeviceUnavailableError, UnsupportedDeviceError
+from tuner.host import hardware
+from tuner.measure.timing import compare
+from tuner.profiling.profile import profile_callable
+from tuner.tuning.tuner import TuneOptions, Tuner
 from worker.client import Assignment, ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
@@ -125,4 +125,4 @@ def test_tuner_measures_on_the_indexed_gpu(tmp_path: Path) -> None:
     last = f"cuda:{torch.cuda.device_count() - 1}"
     tiny_program(tmp_path / "m.pt2")
     tuner = Tuner(TuneOptions(device=last, budget_s=5))
-    assert str(tuner.device) == last and tuner.hardware["device"] == last
+    assert str(tuner.contract.device) == last and tuner.host.hardware["device"] == last

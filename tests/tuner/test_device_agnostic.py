@@ -15,9 +15,9 @@ import torch
 from torch import fx, nn
 
 from examples.models import EXAMPLES
-from tuner.apply import apply_steps
-from tuner.capture import example_inputs, export_module, on_device, to_graph_module
+from tuner.graph.capture import example_inputs, export_module, on_device, to_graph_module
 from tuner.passes import pass_names
+from tuner.passes.apply import apply_steps
 
 META = torch.device("meta")
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tests.sharded_helpers import alive, hang_in_collective, recorded_pids
-from tuner.distributed import RankFailedError, run_ranks
+from tuner.distributed.ranks import RankFailedError, run_ranks
 
 
 def gather_ranks(rank: int, world_size: int) -> tuple[int, list[float]]:
@@ -56,7 +56,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         from tests.sharded_helpers import sleep_forever
-        from tuner.distributed import run_ranks
+        from tuner.distributed.ranks import run_ranks
         if __name__ == "__main__":
             run_ranks(sleep_forever, 2, {str(tmp_path)!r}, backend="gloo")
         """

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tuner.config import TunedConfig
-from tuner.distributed_config import DistributedReportError, rank_config
+from tuner.contract.config import TunedConfig
+from tuner.distributed.config import DistributedReportError, rank_config
 
 FIGURES = {
     "sequential_step_us": 1300.0,

@@ -14,10 +14,10 @@ import torch
 
 from examples.sharded import Reference, global_inputs, rank_inputs, reference_slice
 from tests.sharded_helpers import alive, build_small, recorded_pids, small, tune_then_die
-from tuner.capture import to_graph_module
-from tuner.distributed import RankFailedError, run_ranks
-from tuner.distributed_tune import DistributedTuneOptions, rank_path, tune_distributed, tune_rank
-from tuner.load import load_program
+from tuner.distributed.ranks import RankFailedError, run_ranks
+from tuner.distributed.tune import DistributedTuneOptions, rank_path, tune_distributed, tune_rank
+from tuner.graph.capture import to_graph_module
+from tuner.loading.load import load_program
 
 # Measured directly, so positive; compute (step minus blocked time, from different runs) and the
 # hidden figures are differences and may come out negative on a busy machine: only finite.

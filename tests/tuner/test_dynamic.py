@@ -24,16 +24,16 @@ from tests.tuner.test_client import (  # noqa: F401  (service: the fixture)
     service,
     tuned_config,
 )
-from tuner import backends
-from tuner.apply import apply_passes
-from tuner.capture import export_module, save_program, to_graph_module
-from tuner.client import CheckedInputs, FxtuneClientWarning, load_tuned
-from tuner.fingerprint import model_fingerprint
-from tuner.load import load_program
-from tuner.outputs import write_outputs
+from tuner.backends import registry as backends
+from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, load_tuned
+from tuner.graph.capture import export_module, save_program, to_graph_module
+from tuner.graph.fingerprint import model_fingerprint
+from tuner.graph.shapes import ShapeMismatch, spec_of
+from tuner.loading.load import load_program
 from tuner.passes import pass_names
-from tuner.shapes import ShapeMismatch, spec_of
-from tuner.tune import TuneOptions, tune_program
+from tuner.passes.apply import apply_passes
+from tuner.tuning.outputs import write_outputs
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 IN_RANGE = [BATCH_MIN, 8, 32, 1000, BATCH_MAX]
 OUT_OF_RANGE = [1, BATCH_MAX + 1]

@@ -18,15 +18,15 @@ from torch.export import Dim
 from examples.dynamic import BATCH_MAX, BATCH_MIN, recsys
 from tests.service.fakes import config as fake_config
 from tests.tuner.test_client import FakeService, service  # noqa: F401  (service: the fixture)
-from tuner import backends
-from tuner.apply import apply_passes
-from tuner.capture import save_program
-from tuner.client import CheckedInputs, FxtuneClientWarning, PackedInputs, load_tuned
-from tuner.fingerprint import model_fingerprint
-from tuner.load import load_program
-from tuner.outputs import write_outputs
+from tuner.backends import registry as backends
+from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, PackedInputs, load_tuned
+from tuner.graph.capture import save_program
+from tuner.graph.fingerprint import model_fingerprint
+from tuner.loading.load import load_program
 from tuner.passes import pass_names
-from tuner.tune import TuneOptions, _steps_from_sites, tune_program
+from tuner.passes.apply import apply_passes
+from tuner.tuning.outputs import write_outputs
+from tuner.tuning.tuner import TuneOptions, _steps_from_sites, tune_program
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import tuner.load
+import tuner.loading.load
 from tests.crafted import good_program, traversal_names
 from tuner.cli import app
-from tuner.errors import (
+from tuner.contract.errors import (
     ArtifactFormatError,
     DeviceUnavailableError,
     FxtuneError,
@@ -22,8 +22,8 @@ from tuner.errors import (
     UnsafeArtifactError,
     UnsupportedDeviceError,
 )
-from tuner.exit_codes import ExitCode, exit_code_for
-from tuner.profile import ProfileError
+from tuner.contract.exit_codes import ExitCode, exit_code_for
+from tuner.profiling.profile import ProfileError
 
 ABSENT_GPU = f"cuda:{torch.cuda.device_count()}"  # one past the last, on any machine
 
@@ -94,5 +94,5 @@ def test_a_bug_or_a_broken_torch_exits_1(
     def broken(*_a: object, **_k: object) -> None:
         raise raised
 
-    monkeypatch.setattr(tuner.load, "load_program", broken)
+    monkeypatch.setattr(tuner.loading.load, "load_program", broken)
     assert _tune(good, tmp_path)[0] == ExitCode.INTERNAL

@@ -6,16 +6,16 @@ import torch
 from torch import fx, nn
 from torch.export import ExportedProgram
 
-from tuner.apply import apply_steps
-from tuner.capture import export_module, to_graph_module
-from tuner.extract import (
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.graph.sites import structural_id
+from tuner.passes import get_pass, pass_names
+from tuner.passes.apply import apply_steps
+from tuner.search.extract import (
     external_inputs,
     extract_site,
     find_same_site,
     record_values,
 )
-from tuner.passes import get_pass, pass_names
-from tuner.sites import structural_id
 
 
 class Zoo(nn.Module):

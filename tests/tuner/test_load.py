@@ -20,9 +20,9 @@ from torch import nn
 from torch.export import Dim
 
 from tests.crafted import MARKER_ENV, hostile
-from tuner.capture import example_inputs, export_module, save_program
-from tuner.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
-from tuner.load import check_archive, load_program
+from tuner.contract.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
+from tuner.graph.capture import example_inputs, export_module, save_program
+from tuner.loading.load import check_archive, load_program
 
 __all__ = ["hostile"]  # the session fixture, used by name below
 
@@ -147,8 +147,8 @@ def test_refusals_use_little_memory_and_leave_nothing(
     files = {name: str(hostile[name]) for name in REFUSALS}
     code = (
         "import json, sys\n"
-        "from tuner.load import load_program\n"
-        "from tuner.errors import FxtuneError\n"
+        "from tuner.loading.load import load_program\n"
+        "from tuner.contract.errors import FxtuneError\n"
         f"files = {files!r}\n"
         "out = {}\n"
         "for name, path in files.items():\n"

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-import tuner.measure as measure
-from tuner.errors import UnsupportedDeviceError
-from tuner.measure import (
+import tuner.measure.timing as measure
+from tuner.contract.errors import UnsupportedDeviceError
+from tuner.measure.timing import (
     Comparison,
     DeviceUnavailableError,
     check_outputs,

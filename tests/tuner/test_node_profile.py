@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tuner.capture import export_module, to_graph_module
-from tuner.device import CPU
-from tuner.node_profile import profile_nodes
+from tuner.contract.device import CPU
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.profiling.node_profile import profile_nodes
 
 
 class WideThenTiny(nn.Module):

@@ -8,10 +8,10 @@ import pytest
 
 from tests.crafted import from_file_graph
 from tests.sharded_helpers import build_small
-from tuner.capture import to_graph_module
-from tuner.errors import UnsafeArtifactError
-from tuner.load import load_program
-from tuner.op_policy import refusal
+from tuner.contract.errors import UnsafeArtifactError
+from tuner.graph.capture import to_graph_module
+from tuner.loading.load import load_program
+from tuner.loading.op_policy import refusal
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import tuner.source_digest
+import tuner.passes.source_digest
 from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, registered
-from tuner.cache import DecisionCache
-from tuner.capture import export_module, to_graph_module
+from tuner.graph.capture import export_module, to_graph_module
 from tuner.passes import get_pass
 from tuner.passes.base import _code_digest
-from tuner.search import SearchResult, SearchSettings, SiteSearch
-from tuner.source_digest import module_closure, source_digest
+from tuner.passes.source_digest import module_closure, source_digest
+from tuner.search.decisions import DecisionCache
+from tuner.search.site_search import SearchResult, SearchSettings, SiteSearch
 
 
 @pytest.fixture(autouse=True)
@@ -31,16 +31,18 @@ def fresh_digests() -> Iterator[None]:
 
 def _edited(monkeypatch: pytest.MonkeyPatch, suffix: str) -> None:
     """Sources as if a file ending in `suffix` had been fixed (nothing on disk changes)."""
-    read = tuner.source_digest._read
+    read = tuner.passes.source_digest._read
     monkeypatch.setattr(
-        tuner.source_digest,
+        tuner.passes.source_digest,
         "_read",
         lambda p: read(p) + (b"\n# fixed\n" if str(p).endswith(suffix) else b""),
     )
     _code_digest.cache_clear()
 
 
-@pytest.mark.parametrize("helper", ["tuner/graph.py", "tuner/sites.py", "tuner/passes/base.py"])
+@pytest.mark.parametrize(
+    "helper", ["tuner/graph/nodes.py", "tuner/graph/sites.py", "tuner/passes/base.py"]
+)
 def test_a_fix_in_a_shared_helper_changes_the_version(
     helper: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -53,9 +55,9 @@ def test_a_fix_in_a_shared_helper_changes_the_version(
 def test_code_the_pass_does_not_import_leaves_it_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     fold = type(get_pass("fold_conv_bn"))
     before = fold.version()
-    _edited(monkeypatch, "tuner/measure.py")
+    _edited(monkeypatch, "tuner/measure/timing.py")
     assert fold.version() == before
-    assert "tuner.measure" not in module_closure(fold.__module__, ("tuner",))
+    assert "tuner.measure.timing" not in module_closure(fold.__module__, ("tuner",))
 
 
 def test_imports_are_followed_transitively_and_inside_functions(

@@ -9,18 +9,18 @@ from torch.profiler import ProfilerActivity, profile
 from typer.testing import CliRunner
 
 import fxtune_cli
-from tuner.capture import export_module, save_program
-from tuner.errors import DeviceUnavailableError, UnsupportedDeviceError
-from tuner.profile import (
+from tuner.contract.errors import DeviceUnavailableError, UnsupportedDeviceError
+from tuner.graph.capture import export_module, save_program
+from tuner.profiling.analysis import ITERATION
+from tuner.profiling.categories import CATEGORIES
+from tuner.profiling.counting import count_dispatched_ops, inductor_kernel_ranges
+from tuner.profiling.profile import (
     ProfileError,
     ProfileSummary,
     breakdown_frame,
     events_frame,
     profile_callable,
 )
-from tuner.profiling.analysis import ITERATION
-from tuner.profiling.categories import CATEGORIES
-from tuner.profiling.counting import count_dispatched_ops, inductor_kernel_ranges
 
 N, D, B = 10, 8, 4
 
@@ -218,7 +218,7 @@ def test_counts_inductor_cpp_kernels() -> None:
 def test_a_training_step_is_profiled_by_phase(split_summary: ProfileSummary) -> None:
     """Issue 12: forward (with the loss), backward and the optimizer step apart, each with the
     kinds of op it runs (layer norm forward and backward, no norm in the SGD update)."""
-    from tuner.training import eager_runner
+    from tuner.training.step import eager_runner
 
     x = torch.randn(B, N * D)
     runner = eager_runner(SplitNormTanh(), "sgd")

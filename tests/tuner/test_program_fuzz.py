@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from tests.crafted import dynamic_program, good_program, rewrite
 from tests.program_mutants import NUMBERS, leaves, payloads, set_at
-from tuner.bounds import load_bounded
-from tuner.capture import to_graph_module
-from tuner.errors import FxtuneError
+from tuner.contract.errors import FxtuneError
+from tuner.graph.capture import to_graph_module
+from tuner.loading.bounds import load_bounded
 from tuner.passes import get_pass, pass_names
 
 EXAMPLES = int(os.environ.get("FXTUNE_FUZZ_EXAMPLES", "120"))

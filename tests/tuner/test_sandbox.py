@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.service.helpers import REPO, pid_alive, wait_for
-from tuner.child_env import REDACTED, Redactor
-from tuner.sandbox import (
+from tuner.host.child_env import REDACTED, Redactor
+from tuner.host.sandbox import (
     Limits,
     Sandbox,
     SandboxUnavailable,
@@ -102,7 +102,7 @@ def test_the_tuner_dies_with_its_worker(tmp_path: Path) -> None:
     parent = f"""
         import sys
         from pathlib import Path
-        from tuner.sandbox import Limits, run_child
+        from tuner.host.sandbox import Limits, run_child
         run_child([sys.executable, "-c", {child!r}], Limits(wall_s=600), Path({str(tmp_path)!r}),
                   lambda p, m: None)
     """
@@ -180,7 +180,7 @@ def test_without_bubblewrap_only_an_explicit_none_runs_unsandboxed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`auto` no longer falls back quietly: it refuses like `bwrap`, and says what to do."""
-    monkeypatch.setattr("tuner.sandbox.shutil.which", lambda _name: None)
+    monkeypatch.setattr("tuner.host.sandbox.shutil.which", lambda _name: None)
     bwrap_works.cache_clear()
     try:
         for mode in ("auto", "bwrap"):

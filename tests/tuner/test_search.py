@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, WrongRelu, registered
-from tuner.cache import DecisionCache
-from tuner.capture import export_module, to_graph_module
-from tuner.search import SearchResult, SearchSettings, SiteSearch
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.search.decisions import DecisionCache
+from tuner.search.site_search import SearchResult, SearchSettings, SiteSearch
 
 
 def _search(passes: list[str], cache: DecisionCache | None = None) -> SearchResult:

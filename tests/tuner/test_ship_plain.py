@@ -9,10 +9,10 @@ import torch
 
 from examples.models import recsys
 from tests.tuner.test_tune import SplitNormTanh
-from tuner import backends
-from tuner.capture import export_module, to_graph_module
-from tuner.profile import profile_callable
-from tuner.tune import TuneOptions, Tuner, tuning_session
+from tuner.backends import registry as backends
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.profiling.profile import profile_callable
+from tuner.tuning.tuner import TuneOptions, Tuner, tuning_session
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_compile_backend_runs_the_module_as_torch_compile_would(tmp_path: Path) 
 
 def test_a_package_that_answers_wrongly_is_removed_not_shipped(tmp_path: Path) -> None:
     """write_outputs recorded a package's error against the original and shipped it anyway."""
-    from tuner.outputs import _ships
+    from tuner.tuning.outputs import _ships
 
     x = torch.randn(4, 32)
     module = SplitNormTanh(n=2).eval()

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from fxtune_cli import app
 from tests.tuner.test_tune import SplitNormTanh
-from tuner.capture import export_module, save_program
-from tuner.tune import TuneOptions, tune_program
+from tuner.graph.capture import export_module, save_program
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 
 def _tune_args(

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from tests.tuner.test_tune import SplitNormTanh
-from tuner import measure
-from tuner.cache import DecisionCache
-from tuner.capture import export_module, to_graph_module
-from tuner.measure import Comparison, quick_per_call_s
-from tuner.search import SearchSettings, SiteSearch
-from tuner.summary import summarize
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.measure import timing as measure
+from tuner.measure.summary import summarize
+from tuner.measure.timing import Comparison, quick_per_call_s
+from tuner.search.decisions import DecisionCache
+from tuner.search.site_search import SearchSettings, SiteSearch
 
 
 def _stalled(c: Comparison, factor: float) -> Comparison:
@@ -39,7 +39,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], in
         c = real(*args, **{**kwargs, "budget_s": 2.0})
         return _stalled(c, 1000.0) if calls <= stalls else c
 
-    monkeypatch.setattr("tuner.search.compare", compare)
+    monkeypatch.setattr("tuner.search.site_search.compare", compare)
     module = SplitNormTanh(n=4).eval()
     x = torch.randn(8, 64)
     gm = to_graph_module(export_module(module, (x,)))

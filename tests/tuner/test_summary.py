@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 
 from fxtune_cli import app
 from tests.tuner.test_tune import SplitNormTanh
-from tuner import measure
-from tuner.capture import export_module, save_program
-from tuner.config import TunedConfig, timing_fields
-from tuner.measure import Comparison
-from tuner.search import _decision
-from tuner.sites import Site, make_site
-from tuner.summary import format_interval, summarize
+from tuner.contract.config import TunedConfig
+from tuner.graph.capture import export_module, save_program
+from tuner.graph.sites import Site, make_site
+from tuner.measure import timing as measure
+from tuner.measure.summary import format_interval, summarize
+from tuner.measure.timing import Comparison, timing_fields
+from tuner.search.site_search import _decision
 
 
 def _site() -> Site:
@@ -66,7 +66,9 @@ def test_cli_prints_a_candidate_timed_in_too_few_rounds(
 ) -> None:
     """The issue's crash: (0.0, None) was formatted with :.2f after the outputs were written."""
     real = measure.compare
-    monkeypatch.setattr("tuner.tune.compare", lambda *a, **k: real(*a, **{**k, "max_rounds": 3}))
+    monkeypatch.setattr(
+        "tuner.tuning.tuner.compare", lambda *a, **k: real(*a, **{**k, "max_rounds": 3})
+    )
     program = export_module(SplitNormTanh(n=8).eval(), (torch.randn(16, 128),))
     model = save_program(program, tmp_path / "m.pt2")
     out, report = tmp_path / "tuned.pt2", tmp_path / "report.json"

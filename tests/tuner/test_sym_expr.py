@@ -8,8 +8,8 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.errors import UnsafeArtifactError
-from tuner.sym_expr import canonical_expression, check_guard
+from tuner.contract.errors import UnsafeArtifactError
+from tuner.loading.sym_expr import canonical_expression, check_guard
 
 WRITTEN_BY_TORCH = [
     "Symbol('s26', positive=True, integer=True)",

@@ -1,5 +1,5 @@
-"""tuner/torch_compat.py: the registry of private torch APIs is complete and true on this torch,
-and another torch is refused clearly at first use (never at import), unless overridden.
+"""tuner/host/torch_compat.py: the registry of private torch APIs is complete and true on this
+torch, and another torch is refused clearly at first use (never at import), unless overridden.
 
 On a new torch, this file is the check to run (with FXTUNE_ALLOW_UNCHECKED_TORCH=1) before
 adding its series to CHECKED_SERIES.
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner import torch_compat
-from tuner.errors import UncheckedTorchError
-from tuner.exit_codes import ExitCode, exit_code_for
-from tuner.torch_compat import ALLOW_ENV, CHECKED_SERIES, PRIVATE_APIS, check_torch
+from tuner.contract.errors import UncheckedTorchError
+from tuner.contract.exit_codes import ExitCode, exit_code_for
+from tuner.host import torch_compat
+from tuner.host.torch_compat import ALLOW_ENV, CHECKED_SERIES, PRIVATE_APIS, check_torch
 
 REPO = Path(__file__).resolve().parents[2]
 TUNER = REPO / "tuner"
@@ -182,7 +182,7 @@ def test_every_private_use_in_the_tuner_is_registered_and_goes_through_a_helper(
         if use.startswith("torch.ops."):
             continue  # op namespaces: registered as kind "op", checked above
         api = _registered(use)
-        assert api is not None, f"{rel} uses {use}: register it in tuner/torch_compat.py"
+        assert api is not None, f"{rel} uses {use}: register it in tuner/host/torch_compat.py"
         assert rel in api.used_by, f"{rel} uses {use}: add it to that entry's used_by"
         assert rel in DIRECT_IMPORTS_ALLOWED, f"{rel} imports {use}: go through torch_compat"
 
@@ -217,9 +217,9 @@ def test_another_torch_fails_at_first_use_not_at_import(tmp_path: Path) -> None:
     code = f"""
 import sys, warnings
 from pathlib import Path
-import tuner.client, tuner.tune, fxtune_cli  # no refusal at import
-from tuner.client import load_tuned
-from tuner.errors import UncheckedTorchError
+import tuner.deploy.client, tuner.tuning.tuner, fxtune_cli  # no refusal at import
+from tuner.deploy.client import load_tuned
+from tuner.contract.errors import UncheckedTorchError
 program = torch.export.load({str(model)!r})
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -1,5 +1,6 @@
-"""Per-site search in training (tuner.search.FORWARD_BACKWARD, tuner.training.site_step): a
-site is checked and timed forward + backward, a rewrite that keeps the forward but changes a
+"""Per-site search in training (tuner.search.site_search.FORWARD_BACKWARD,
+tuner.training.step.site_step): a site is checked and timed forward + backward, a rewrite that keeps
+the forward but changes a
 gradient is rejected before timing, and the winning sites become a whole-model candidate."""
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ from torch import nn
 
 from examples.training import export_for_training, recsys_train
 from tests.tuner.tuning_fixtures import HalfGradRelu, registered, relu_net_program
-from tuner.apply import apply_steps
-from tuner.cache import DecisionCache
-from tuner.capture import Inputs, export_module, to_graph_module
-from tuner.config import Figures, PassStep, TunedConfig, apply_config
-from tuner.extract import external_inputs, extract_site, find_same_site, record_values
-from tuner.measure import fresh_inputs
+from tuner.contract.config import Figures, PassStep, TunedConfig
+from tuner.deploy.replay import apply_config
+from tuner.graph.capture import Inputs, export_module, to_graph_module
+from tuner.measure.timing import fresh_inputs
 from tuner.passes import get_pass
-from tuner.search import FORWARD, FORWARD_BACKWARD, SearchSettings, SiteRun, SiteSearch
-from tuner.training import ReferenceSteps, check_site_step, eager_runner, site_step, wants_grad
-from tuner.tune import TuneOptions, tune_program, tuning_session
-from tuner.tune_train import TrainTuner
+from tuner.passes.apply import apply_steps
+from tuner.search.decisions import DecisionCache
+from tuner.search.extract import external_inputs, extract_site, find_same_site, record_values
+from tuner.search.site_search import FORWARD, FORWARD_BACKWARD, SearchSettings, SiteRun, SiteSearch
+from tuner.training.step import ReferenceSteps, check_site_step, eager_runner, site_step, wants_grad
+from tuner.tuning.train import TrainTuner
+from tuner.tuning.tuner import TuneOptions, tune_program, tuning_session
 
 
 def _relu_net() -> tuple[torch.fx.GraphModule, Inputs]:
@@ -114,7 +116,7 @@ def test_the_timed_site_step_runs_the_backward_to_inputs_and_parameters() -> Non
         p.register_hook(lambda g, name=name: seen.append(name))
     step = site_step(reference, inputs)
     seen.clear()
-    with torch.inference_mode():  # as `tuner.measure.compare` calls it
+    with torch.inference_mode():  # as `tuner.measure.timing.compare` calls it
         out = step()
     assert len(out) == 2 and sorted(seen) == sorted(n for n, _ in reference.named_parameters())
     assert all(p.grad is None for p in reference.parameters())  # nothing accumulates

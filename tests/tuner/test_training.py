@@ -1,4 +1,4 @@
-"""Training steps: the loss, the step check, what may run in training (tuner.training)."""
+"""Training steps: the loss, the step check, what may run in training (tuner.training.step)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from tests.tuner.tuning_fixtures import (
     registered,
     relu_net_program,
 )
-from tuner.apply import apply_steps
-from tuner.capture import to_graph_module
-from tuner.config import TunedConfig
-from tuner.errors import InputError, PassError
-from tuner.measure import check_outputs, fresh_inputs
-from tuner.training import LOSS_RULE, ReferenceSteps, eager_runner, loss_of
-from tuner.tune import TuneOptions, tune_program
+from tuner.contract.config import TunedConfig
+from tuner.contract.errors import InputError, PassError
+from tuner.graph.capture import to_graph_module
+from tuner.measure.timing import check_outputs, fresh_inputs
+from tuner.passes.apply import apply_steps
+from tuner.training.step import LOSS_RULE, ReferenceSteps, eager_runner, loss_of
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 
 def test_loss_is_the_scalar_output_else_the_sum_of_output_means() -> None:

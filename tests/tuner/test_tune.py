@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from fxtune_cli import app
 from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, registered
-from tuner.capture import export_module, save_program
-from tuner.config import TunedConfig, apply_config
-from tuner.tune import TuneOptions, tune_program
+from tuner.contract.config import TunedConfig
+from tuner.deploy.replay import apply_config
+from tuner.graph.capture import export_module, save_program
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 
 class SplitNormTanh(nn.Module):
@@ -179,10 +180,10 @@ def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
     """This machine's history says torch.compile of the 87-node original will not fit in what
     13 s leave, but of the 12 nodes left after every pass it will: that candidate is built and
     timed before the site search, and the report says why."""
-    from tuner.compile_time import CompileTimes
-    from tuner.device import Device
-    from tuner.hardware import describe, hardware_key
-    from tuner.measure import fixed_threads
+    from tuner.backends.compile_time import CompileTimes
+    from tuner.contract.device import Device
+    from tuner.host.hardware import describe, hardware_key
+    from tuner.measure.timing import fixed_threads
 
     cache = tmp_path / "decisions.json"
     with fixed_threads(None):
@@ -210,9 +211,9 @@ def test_a_candidate_with_passes_replaces_the_best_peer_only_beyond_its_noise(
 ) -> None:
     """Each candidate is timed against the original, not against the peer: 1.61x (interval
     1.58-1.64) against the peer's 1.60x is a tie, and the peer ships; 1.70x (1.65-1.75) is not."""
-    from tuner.apply import Transformed
-    from tuner.config import Figures, PassStep
-    from tuner.tune import Candidate, Tuner, _Captured
+    from tuner.contract.config import Figures, PassStep
+    from tuner.passes.apply import Transformed
+    from tuner.tuning.tuner import Candidate, Tuner, _Captured
 
     gm = torch.fx.symbolic_trace(nn.ReLU())
     captured = _Captured(gm, (torch.randn(2),), None, [])

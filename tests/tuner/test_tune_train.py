@@ -1,4 +1,4 @@
-"""The tuner in training mode (tuner.tune_train): a tuned module trains as the original does,
+"""The tuner in training mode (tuner.tuning.train): a tuned module trains as the original does,
 candidates are checked before they are timed, and the command line."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from examples.models import RecSys
 from examples.training import export_for_training, recsys_train
 from fxtune_cli import app
 from tests.tuner.tuning_fixtures import HalfGradRelu, registered, relu_net_program
-from tuner.apply import apply_passes, count_ops
-from tuner.capture import export_module, save_program, to_graph_module
-from tuner.config import TunedConfig
+from tuner.contract.config import TunedConfig
+from tuner.graph.capture import export_module, save_program, to_graph_module
 from tuner.passes import get_pass, pass_names
-from tuner.training import loss_of
-from tuner.tune import TuneOptions, tune_program
+from tuner.passes.apply import apply_passes, count_ops
+from tuner.training.step import loss_of
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 
 def _losses(model: torch.nn.Module, batches: list[tuple], lr: float) -> list[float]:

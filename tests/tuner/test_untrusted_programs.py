@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from tests.crafted import CODE_MARKER, hostile
-from tuner.errors import UnsafeArtifactError
-from tuner.load import load_program
+from tuner.contract.errors import UnsafeArtifactError
+from tuner.loading.load import load_program
 
 __all__ = ["hostile"]  # the session fixture, used by name below
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from tests.crafted import good_program
 from tests.service.helpers import sqlite_service
-from tuner.errors import FxtuneError
-from tuner.load import load_program
+from tuner.contract.errors import FxtuneError
+from tuner.loading.load import load_program
 
 counts = {"cases": 0, "refused": 0, "loaded": 0}
 

@@ -8,11 +8,11 @@ from contextlib import contextmanager
 import torch
 from torch import fx, nn
 
-from tuner.capture import export_module
-from tuner.graph import aten, is_call
+from tuner.graph.capture import export_module
+from tuner.graph.nodes import aten, is_call
+from tuner.graph.sites import Site, make_site
 from tuner.passes import REGISTRY
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 
 class _ReluPass(GraphPass):

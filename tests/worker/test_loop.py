@@ -20,8 +20,8 @@ from service.core.config import Settings
 from service.db.models import utcnow
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
-from tuner.exit_codes import ExitCode
-from tuner.sandbox import ChildResult
+from tuner.contract.exit_codes import ExitCode
+from tuner.host.sandbox import ChildResult
 from worker.client import Assignment, ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker, _retryable, rank_result_files, result_files

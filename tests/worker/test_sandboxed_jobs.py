@@ -21,8 +21,8 @@ import pytest
 from service.core.config import Settings
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, fxtune_env, thread_server, tiny_program
-from tuner.child_env import Redactor
-from tuner.sandbox import SandboxUnavailable, bwrap_works
+from tuner.host.child_env import Redactor
+from tuner.host.sandbox import SandboxUnavailable, bwrap_works
 from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
@@ -156,7 +156,7 @@ def test_the_same_child_unsandboxed_reads_everything(
 
 @pytest.fixture
 def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr("tuner.sandbox.shutil.which", lambda _name: None)
+    monkeypatch.setattr("tuner.host.sandbox.shutil.which", lambda _name: None)
     bwrap_works.cache_clear()
     yield
     bwrap_works.cache_clear()

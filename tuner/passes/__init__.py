@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from tuner.errors import PassError
+from tuner.contract.errors import PassError
 from tuner.passes.base import GraphPass
 
 REGISTRY: dict[str, type[GraphPass]] = {}

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from tuner.sites import Site
-from tuner.source_digest import source_digest
+from tuner.graph.sites import Site
+from tuner.passes.source_digest import source_digest
 
 
 @functools.cache
@@ -34,8 +34,8 @@ class GraphPass(ABC):
     default_options: ClassVar[dict[str, Any]] = {}
     # Passes that change the program's inputs are judged on the whole model, not on a site.
     changes_inputs: ClassVar[bool] = False
-    # Whether the pass may rewrite a training step (`tuner.graph.is_training`): its rewrite keeps
-    # forward, every parameter's gradient and the parameters as the trainable leaves. False by
+    # Whether the pass may rewrite a training step (`tuner.graph.nodes.is_training`): its rewrite
+    # keeps forward, every parameter's gradient and the parameters as the trainable leaves. False by
     # default (fail closed): a pass must say it is safe, e.g. folding eval batch norm is not.
     train_safe: ClassVar[bool] = False
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from tuner.graph import (
+from tuner.graph.nodes import (
     add_weight,
     arg,
     aten,
@@ -26,9 +26,9 @@ from tuner.graph import (
     only_user,
     tensor_val,
 )
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 CONVS = (aten.conv2d.default, aten.conv2d.padding)
 

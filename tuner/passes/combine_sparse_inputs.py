@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from tuner.capture import Inputs, set_positional_inputs
-from tuner.graph import arg, aten, is_call, is_symbolic, tensor_val, topo_first
+from tuner.graph.capture import Inputs, set_positional_inputs
+from tuner.graph.nodes import arg, aten, is_call, is_symbolic, tensor_val, topo_first
+from tuner.graph.shapes import SPEC_KEY, DynamicDim, ShapeSpec, spec_of, symbol_of
+from tuner.graph.sites import Site, make_site
+from tuner.host.torch_compat import private, pytree
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.shapes import SPEC_KEY, DynamicDim, ShapeSpec, spec_of, symbol_of
-from tuner.sites import Site, make_site
-from tuner.torch_compat import private, pytree
 
 EMBEDDING_BAG = aten.embedding_bag.padding_idx
 INDEX_DTYPES = (torch.int64, torch.int32)

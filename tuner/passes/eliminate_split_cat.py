@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from tuner.graph import (
+from tuner.graph.nodes import (
     SplitPieces,
     arg,
     aten,
@@ -27,9 +27,9 @@ from tuner.graph import (
     tensor_val,
     val,
 )
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,18 @@ from typing import Any
 import torch
 from torch import fx
 
-from tuner.graph import add_weight, arg, aten, attr_tensor, is_call, mutated_aliases, only_user
+from tuner.graph.nodes import (
+    add_weight,
+    arg,
+    aten,
+    attr_tensor,
+    is_call,
+    mutated_aliases,
+    only_user,
+)
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 CONVS = (
     aten.conv1d.default,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from tuner.graph import (
+from tuner.graph.nodes import (
     add_weight,
     arg,
     aten,
@@ -36,9 +36,9 @@ from tuner.graph import (
     tensor_val,
     topo_last,
 )
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 EMBEDDING_BAG = aten.embedding_bag.padding_idx
 INDEX_DTYPES = (torch.int64, torch.int32)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import fx
 
-from tuner.graph import (
+from tuner.graph.nodes import (
     SPLIT_OPS,
     SplitPieces,
     arg,
@@ -31,9 +31,9 @@ from tuner.graph import (
     tensor_val,
     topo_first,
 )
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 
 @dataclass(frozen=True)

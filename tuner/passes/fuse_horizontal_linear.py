@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 import torch
 from torch import fx
 
-from tuner.graph import (
+from tuner.graph.nodes import (
     arg,
     aten,
     attr_tensor,
@@ -33,9 +33,9 @@ from tuner.graph import (
     topo_first,
     topo_last,
 )
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 GraphBuild = Callable[[fx.Graph, list[fx.Node]], fx.Node]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import fx
 
-from tuner.graph import (
+from tuner.graph.nodes import (
     SPLIT_OPS,
     SplitPieces,
     arg,
@@ -24,9 +24,9 @@ from tuner.graph import (
     split_refusal,
     topo_first,
 )
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 # Out-of-place elementwise ops whose extra arguments are scalars: op(split(x)) == split(op(x)).
 POINTWISE_OPS: tuple[str, ...] = (

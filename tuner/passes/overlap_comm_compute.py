@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from tuner.graph.sites import Site, structural_id
+from tuner.host.torch_compat import torch_ops
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, structural_id
-from tuner.torch_compat import torch_ops
 
 _c10d = torch.ops._c10d_functional
 # Requests whose result is a fresh tensor completed by `wait_tensor`.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import fx
 
-from tuner.graph import arg, aten, is_call
+from tuner.graph.nodes import arg, aten, is_call
+from tuner.graph.sites import Site, make_site
 from tuner.passes import register
 from tuner.passes.base import GraphPass
-from tuner.sites import Site, make_site
 
 
 @register

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from tuner.torch_compat import private, python_dispatch
+from tuner.host.torch_compat import private, python_dispatch
 
 
 class OpCounter(python_dispatch.TorchDispatchMode):  # torch is checked when this module loads

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from tuner.profile import ProfileSummary
+    from tuner.profiling.profile import ProfileSummary
 
 LABEL = "profile"
 
@@ -18,7 +18,7 @@ def _us(value: float) -> str:
 
 
 def breakdown_table(summary: ProfileSummary) -> Table:
-    from tuner.profile import breakdown_frame
+    from tuner.profiling.profile import breakdown_frame
 
     frame = breakdown_frame({LABEL: summary})
     table = Table("category", "us/iter", "share", title=f"time by category ({summary.device})")

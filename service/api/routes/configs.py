@@ -32,7 +32,7 @@ async def get_config_by_fingerprint(
     hardware: Annotated[str | None, Query()] = None,
     mode: ModeQuery = "infer",
 ) -> Response:
-    """The newest tuned config for this fingerprint (`tuner.fingerprint.model_fingerprint`);
+    """The newest tuned config for this fingerprint (`tuner.graph.fingerprint.model_fingerprint`);
     `mode=train` for the training config (`load_tuned(..., mode="train")`)."""
     return await serve_config(
         request,

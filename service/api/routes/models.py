@@ -41,11 +41,11 @@ from service.api.schemas import (
 )
 from service.distributed import RankModelsError, check_rank_models
 from service.store import ConfigSummary, StoredConfig
-from tuner.config import Mode
-from tuner.device import KINDS
-from tuner.errors import ArtifactFormatError, UnsafeArtifactError
-from tuner.load import check_archive
-from tuner.training import optimizer_names
+from tuner.contract.config import Mode
+from tuner.contract.device import KINDS
+from tuner.contract.errors import ArtifactFormatError, UnsafeArtifactError
+from tuner.contract.training import OPTIMIZER_NAMES
+from tuner.loading.load import check_archive
 
 router = APIRouter(tags=["models"])
 
@@ -71,7 +71,7 @@ UPLOAD_BODY = {
                         "device": {"type": "string", "enum": list(KINDS)},
                         "budget_s": {"type": "number"},
                         "mode": {"type": "string", "enum": list(get_args(Mode))},
-                        "optimizer": {"type": "string", "enum": optimizer_names()},
+                        "optimizer": {"type": "string", "enum": list(OPTIMIZER_NAMES)},
                     },
                 }
             }

@@ -22,8 +22,8 @@ from tests.passes_helpers import (
     fired,
     transform,
 )
-from tuner.apply import count_ops
-from tuner.graph import aten
+from tuner.graph.nodes import aten
+from tuner.passes.apply import count_ops
 
 CHAIN = ["fuse_horizontal_layernorm", "fuse_horizontal_pointwise", "eliminate_split_cat"]
 VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from torch import fx, nn
 
 from tests.passes_helpers import assert_equivalent, assert_round_trip, assert_unchanged
-from tuner.apply import count_ops
-from tuner.capture import export_module, to_graph_module
+from tuner.graph.capture import export_module, to_graph_module
+from tuner.passes.apply import count_ops
 
 PASS = ["channels_last"]
 NHWC = torch.channels_last

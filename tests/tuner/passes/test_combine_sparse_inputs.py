@@ -18,9 +18,9 @@ from tests.passes_helpers import (
     assert_unchanged,
     sparse_feature,
 )
-from tuner.apply import Transformed, apply_passes
-from tuner.capture import to_graph_module
+from tuner.graph.capture import to_graph_module
 from tuner.passes import get_pass
+from tuner.passes.apply import Transformed, apply_passes
 from tuner.passes.combine_sparse_inputs import SparsePacker
 
 PASS = ["combine_sparse_inputs"]

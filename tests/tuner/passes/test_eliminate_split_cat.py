@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch import fx, nn
 
 from tests.passes_helpers import assert_equivalent, assert_round_trip, assert_unchanged
-from tuner.graph import aten
+from tuner.graph.nodes import aten
 
 PASS = ["eliminate_split_cat"]
 

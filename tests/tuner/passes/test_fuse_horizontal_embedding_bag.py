@@ -15,8 +15,8 @@ from tests.passes_helpers import (
     assert_unchanged,
     sparse_feature,
 )
-from tuner.apply import Transformed
-from tuner.graph import aten
+from tuner.graph.nodes import aten
+from tuner.passes.apply import Transformed
 
 PASS = ["fuse_horizontal_embedding_bag"]
 

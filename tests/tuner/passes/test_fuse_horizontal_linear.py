@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from torch import fx, nn
 
 from tests.passes_helpers import assert_equivalent, assert_round_trip, assert_unchanged
-from tuner.apply import count_ops
-from tuner.capture import export_module, to_graph_module
+from tuner.graph.capture import export_module, to_graph_module
 from tuner.passes import get_pass
+from tuner.passes.apply import count_ops
 
 PASS = ["fuse_horizontal_linear"]
 aten = torch.ops.aten

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from tests.passes_helpers import assert_equivalent, assert_round_trip, assert_unchanged
-from tuner.capture import export_module, to_graph_module
+from tuner.graph.capture import export_module, to_graph_module
 from tuner.passes import get_pass
 
 PASS = ["fuse_horizontal_pointwise"]

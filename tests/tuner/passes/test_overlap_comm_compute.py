@@ -14,9 +14,9 @@ import torch.distributed._functional_collectives as funcol
 from torch import fx, nn
 
 from examples.sharded import ShardedConfig, global_inputs, rank_inputs, rank_module
-from tuner.apply import apply_steps
-from tuner.capture import export_module, to_graph_module
+from tuner.graph.capture import export_module, to_graph_module
 from tuner.passes import get_pass, pass_names
+from tuner.passes.apply import apply_steps
 
 PASS = "overlap_comm_compute"
 

@@ -12,11 +12,11 @@ from torch import fx
 
 from examples.models import Example
 from examples.training import cnn_train, export_for_training, recsys_train, transformer_train
-from tuner.apply import apply_steps
-from tuner.capture import to_graph_module
-from tuner.graph import TRAIN_KEY
+from tuner.graph.capture import to_graph_module
+from tuner.graph.nodes import TRAIN_KEY
 from tuner.passes import get_pass, pass_names
-from tuner.training import ReferenceSteps, eager_runner
+from tuner.passes.apply import apply_steps
+from tuner.training.step import ReferenceSteps, eager_runner
 
 NOT_IN_TRAINING = {"remove_dropout", "fold_conv_bn", "overlap_comm_compute"}
 

@@ -1,0 +1,84 @@
+"""The service's checks of untrusted programs, as a child process entry point.
+
+The service never builds a graph from an upload in its own process: `python -m tuner.checks.inspect`
+runs in a short-lived, resource-capped, sandboxed child (`service.analysis`) and writes one JSON
+object to the file named by `--out`:
+
+    fingerprint PROGRAM --out R.json                      {"fingerprint": ..., "footprint": [...]}
+    load PROGRAM --out R.json                             {"loaded": true}
+    verify ORIGINAL TUNED --config C.json --out R.json    {"mismatch": null | "why"}
+
+Exit codes are the tuner's (`tuner.contract.exit_codes`): 2 for a bad program, 3 for a refused one
+(the message on stderr names the node or field), 1 for a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tuner.contract.errors import FxtuneError
+from tuner.contract.exit_codes import exit_code_for
+
+
+def inspect_program(path: Path) -> dict[str, Any]:
+    """The upload's fingerprint and resource footprint; refuses what `load_bounded` refuses."""
+    from tuner.graph.fingerprint import model_fingerprint
+    from tuner.loading.bounds import Bounds, check_bounds, physical_memory_bytes
+    from tuner.loading.load import load_program
+
+    program = load_program(path)
+    footprint = check_bounds(program, Bounds.for_host(physical_memory_bytes()))
+    return {
+        "fingerprint": model_fingerprint(program),
+        "footprint": [asdict(f) for f in footprint],
+    }
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """A worker's tuned program: it loads and its module builds (no bounds: it was run)."""
+    from tuner.loading.load import load_program
+
+    load_program(path).module()
+    return {"loaded": True}
+
+
+def _verify(original: Path, tuned: Path, config_path: Path) -> dict[str, Any]:
+    from tuner.checks.verify_result import verify_tuned
+
+    return {"mismatch": verify_tuned(original, tuned, json.loads(config_path.read_text()))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuner.checks.inspect")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("fingerprint", "load"):
+        one = sub.add_parser(name)
+        one.add_argument("program", type=Path)
+        one.add_argument("--out", type=Path, required=True)
+    ver = sub.add_parser("verify")
+    ver.add_argument("original", type=Path)
+    ver.add_argument("tuned", type=Path)
+    ver.add_argument("--config", type=Path, required=True)
+    ver.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "fingerprint":
+            result = inspect_program(args.program)
+        elif args.command == "load":
+            result = _load(args.program)
+        else:
+            result = _verify(args.original, args.tuned, args.config)
+    except FxtuneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return int(exit_code_for(exc))
+    args.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,367 @@
+"""Run a child process with limits, relaying its progress lines.
+
+Used for the worker's tuning child and the service's checks of uploaded programs.
+
+The child gets an address-space and CPU-time cap (setrlimit), its own process group (so a
+timeout kills everything it started), and dies with the worker (PR_SET_PDEATHSIG): a worker
+killed with -9 leaves no orphan tuning behind, and the lease brings the job back. Its temporary
+files (TMPDIR, Inductor's and Triton's caches) live in the job's folder, so they go with it.
+Its environment is built from an allowlist (`tuner.host.child_env`), never the parent's secrets.
+
+Under bubblewrap the child runs in its own namespaces (no network, its own processes) on a root
+that holds only what it needs: the system's programs and libraries (/usr and its links, the
+/etc files the loader and Python read), the Python environment and fxtune's code, read-only; the
+job folder and the decision cache's folder, writable; a private /tmp. Not `/`: the home folder,
+the service's data folder (database, uploads) and other jobs' folders are simply not there.
+Without bubblewrap nothing of this holds, so a worker refuses to run unless the operator chose
+`none` explicitly (`resolve_sandbox`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tuner.host.child_env import (
+    MAX_ERROR_CHARS,
+    MAX_PROGRESS_CHARS,
+    REDACTED,
+    child_environment,
+)
+
+log = logging.getLogger("fxtune.worker")
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
+
+Progress = Callable[[float, str], None]
+Redact = Callable[[str, int], str]  # (text, length cap) -> text safe to relay
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float
+    cpu_s: int | None = None
+    address_space_bytes: int | None = None
+
+
+SandboxMode = Literal["auto", "bwrap", "none"]
+SandboxKind = Literal["bwrap", "none"]
+
+# The system, read-only: programs and libraries, and the /etc files the dynamic loader, Python
+# and torch read (users for getpass, hosts for the ranks' loopback, the time zone).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/os-release",
+)
+# What torch reads of /sys for CPU topology; a GPU job gets /sys whole (the driver needs it).
+CPU_SYS = ("/sys/devices/system/cpu", "/sys/devices/system/node")
+
+NO_BWRAP = (
+    "bubblewrap cannot run here (it is not installed, or this machine forbids the namespaces it "
+    "needs, as Docker's default seccomp profile does), and tuning untrusted programs without it "
+    "exposes this machine: install Debian's `bubblewrap` (apt-get install bubblewrap), or set "
+    "FXTUNE_WORKER_SANDBOX=none to tune with resource limits only (the child then sees the whole "
+    "file system and the network)"
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap was required (`auto` or `bwrap`) but cannot run here."""
+
+
+def python_paths() -> list[Path]:
+    """Where the child's Python and its packages come from: the environment's prefixes (the venv
+    and the interpreter's install), the import path's folders (a `.pth` file may add one from
+    elsewhere) and the real folders of torch and fxtune (which may be reached through symbolic
+    links). Not `sys.path[0]`: that is the folder the process was started from."""
+    import torch
+
+    import tuner
+
+    found = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)]
+    found += [Path(p) for p in sys.path[1:] if p]
+    found += [Path(m.__file__).resolve().parent.parent for m in (torch, tuner) if m.__file__]
+    return found
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    """Existing absolute paths, resolved, without those inside another one (or inside /usr)."""
+    real = sorted({p.resolve() for p in paths if p.is_absolute() and p.exists()})
+    kept: list[Path] = []
+    for path in real:
+        if path.is_relative_to("/usr") or any(path.is_relative_to(k) for k in kept):
+            continue
+        kept.append(path)
+    return kept
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Namespaces around the child: `bwrap`, or `none` (rlimits and a private TMPDIR only)."""
+
+    kind: SandboxKind = "none"
+    writable: tuple[Path, ...] = ()
+    share_devices: bool = False  # GPUs need the host's /dev and /sys
+
+    def wrap(self, cmd: list[str], workdir: Path, python_path: str | None = None) -> list[str]:
+        """`cmd` under bubblewrap; `python_path` (the child's PYTHONPATH) and the folder of the
+        command's program are bound read-only besides the system and the Python environment."""
+        if self.kind == "none":
+            return cmd
+        readable = [*python_paths(), *(Path(p) for p in (python_path or "").split(":") if p)]
+        if os.path.isabs(cmd[0]):  # a tune command outside the Python environment
+            readable.append(Path(cmd[0]).resolve().parent)
+        return ["bwrap", *self.binds(workdir, readable), "--", *cmd]
+
+    def binds(self, workdir: Path, readable: Iterable[Path]) -> list[str]:
+        args: list[str] = []
+        for path in SYSTEM_DIRS:
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                args += ["--ro-bind", path, path]
+        for path in ETC_FILES:
+            args += ["--ro-bind-try", path, path]
+        for path in _outermost(readable):
+            args += ["--ro-bind", str(path), str(path)]
+        if self.share_devices:
+            args += ["--dev-bind", "/dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
+        else:
+            args += ["--dev", "/dev"]
+            for path in CPU_SYS:
+                args += ["--ro-bind-try", path, path]
+        args += ["--proc", "/proc", "--tmpfs", "/tmp"]
+        for path in (workdir, *self.writable):
+            args += ["--bind", str(path), str(path)]
+        args += ["--unshare-all", "--die-with-parent", "--new-session", "--chdir", str(workdir)]
+        return args
+
+
+@functools.cache
+def bwrap_works() -> bool:
+    """Whether bubblewrap is installed and may create namespaces here (containers may forbid)."""
+    if shutil.which("bwrap") is None:
+        return False
+    probe = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-all", "--", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def resolve_sandbox(mode: SandboxMode) -> SandboxKind:
+    """`auto` and `bwrap` both mean bubblewrap, and raise SandboxUnavailable where it cannot
+    run; only an explicit `none` tunes without it, and says so loudly."""
+    if mode == "none":
+        _warn_unsandboxed()
+        return "none"
+    if not bwrap_works():
+        raise SandboxUnavailable(f"FXTUNE_WORKER_SANDBOX={mode}: {NO_BWRAP}")
+    return "bwrap"
+
+
+def choose_sandbox(
+    mode: SandboxMode, writable: tuple[Path, ...] = (), share_devices: bool = False
+) -> Sandbox:
+    return Sandbox(resolve_sandbox(mode), writable, share_devices)
+
+
+@functools.cache
+def _warn_unsandboxed() -> None:
+    log.warning(
+        "FXTUNE_WORKER_SANDBOX=none: tuning children run WITHOUT A SANDBOX (resource limits and "
+        "a private TMPDIR only). An uploaded program can read every file this user can (the "
+        "service's database and uploads included) and reach the network. Install Debian's "
+        "bubblewrap and unset FXTUNE_WORKER_SANDBOX unless another boundary (a VM) isolates "
+        "this worker"
+    )
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int
+    error: str | None
+    timed_out: bool = False
+    cancelled: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not (self.timed_out or self.cancelled)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _apply_limits(limits: Limits) -> Callable[[], None]:
+    """Runs in the child between fork and exec: only async-signal-safe-ish calls here."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if limits.address_space_bytes:
+            cap = limits.address_space_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        if limits.cpu_s:
+            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+        if _libc is not None:
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return apply
+
+
+def error_line(stderr_text: str) -> str | None:
+    """The message to show for a failed run: the CLI's `error:` block, else the last line."""
+    lines = [ln.strip() for ln in stderr_text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].lower().startswith("error:"):
+            return " ".join(lines[i:])[:MAX_ERROR_CHARS]
+    return lines[-1][:MAX_ERROR_CHARS]
+
+
+def _tail(path: Path, size: int = 64_000) -> str:
+    """The end of a file however large the child made it."""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+        return f.read().decode("utf-8", "replace")
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exited with status {code}"
+    name = signal.Signals(-code).name
+    hints = {"SIGXCPU": " (CPU-time limit)", "SIGKILL": " (killed: out of memory?)"}
+    return f"killed by {name}{hints.get(name, '')}"
+
+
+MAX_LINE_CHARS = 64_000  # a progress line is small; longer ones are dropped unread
+
+
+def _lines(stream: object, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """Lines of at most `limit` characters; a longer one is skipped (never held whole)."""
+    skipping = False
+    while True:
+        part = stream.readline(limit)  # type: ignore[attr-defined]
+        if not part:
+            return
+        whole = part.endswith("\n")
+        if not skipping and whole:
+            yield part
+        skipping = not whole
+
+
+def _relay(stream: object, on_progress: Progress, redact: Redact) -> None:
+    for raw in _lines(stream):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            event = json.loads(raw)
+            message = redact(str(event.get("message", "")), MAX_PROGRESS_CHARS)
+            on_progress(float(event["progress"]), message)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_child(
+    cmd: list[str],
+    limits: Limits,
+    workdir: Path,
+    on_progress: Progress,
+    cancelled: Callable[[], bool] = lambda: False,
+    on_started: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
+    sandbox: Sandbox = Sandbox(),
+    redact: Redact = _cut,
+) -> ChildResult:
+    """Run `cmd`; stdout carries JSON progress lines, stderr goes to a file for the error.
+
+    The child's environment is `tuner.host.child_env.child_environment` (an allowlist) plus `env`.
+    Progress messages (at most 500 characters) and the error (a few KB) pass through `redact`,
+    which masks the caller's secrets before they are relayed anywhere.
+
+    Start other threads in `on_started`, not before: `preexec_fn` is only safe to fork from a
+    process that runs no other thread.
+    """
+    stderr_path = workdir / "stderr.log"
+    child_env = child_environment(workdir, env)
+    with stderr_path.open("w") as stderr:
+        try:
+            proc = subprocess.Popen(
+                sandbox.wrap(cmd, workdir, child_env.get("PYTHONPATH")),
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=child_env,
+                start_new_session=True,
+                preexec_fn=_apply_limits(limits),
+            )
+        except OSError as exc:
+            return ChildResult(127, f"cannot start the tuner ({cmd[0]}): {exc}")
+        reader = threading.Thread(
+            target=_relay, args=(proc.stdout, on_progress, redact), daemon=True
+        )
+        reader.start()
+        if on_started is not None:
+            on_started()
+        timed_out = was_cancelled = False
+        deadline = time.monotonic() + limits.wall_s
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                timed_out = True
+            elif cancelled():
+                was_cancelled = True
+            if timed_out or was_cancelled:
+                _kill_group(proc)
+                proc.wait()
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+        _kill_group(proc)  # anything the child left running in its group
+        reader.join(timeout=5)
+    code = proc.returncode
+    if code == 0 and not (timed_out or was_cancelled):
+        return ChildResult(0, None)
+    if timed_out:
+        error = f"tuning timed out after {limits.wall_s:g}s and was killed"
+    elif was_cancelled:
+        error = "tuning was cancelled"
+    else:
+        tail = _tail(stderr_path)
+        detail = error_line(redact(tail, len(tail) + len(REDACTED) * 64))
+        error = detail if detail and code > 0 else f"tuner {_describe_exit(code)}"
+        if detail and code < 0:
+            error = f"tuner {_describe_exit(code)}: {detail}"
+    return ChildResult(code, redact(error, MAX_ERROR_CHARS), timed_out, was_cancelled)

@@ -1,0 +1,2 @@
+"""The pipeline: capture, site search, whole-model candidates, judge, choose, verify, write
+the outputs. `tune_program` is the entry point."""
