@@ -3,10 +3,11 @@
 What ships is loaded from the files `fxtune tune` wrote, as a deployment loads them: the
 AOTInductor package when one shipped, else the tuned `.pt2` under its backend
 (`tuner.backends.registry.deployed`: a CUDA graph, torch.compile). It is compared with the original
-on fresh inputs (`tuner.measure.timing.check_outputs`: the tuner's own tolerance; `output_errors`:
-the largest error), then timed against eager and against each peer of the device (`bench.run`'s
-peers, `tuner.measure.timing.compare`: interleaved, CUDA events on a GPU), each pair once. Kernel
-and op counts come from the report's profiles, which `fxtune tune` already measured.
+on fresh inputs (`tuner.measure.equivalence.check_outputs`: the tuner's own tolerance;
+`output_errors`: the largest error), then timed against eager and against each peer of the
+device (`bench.run`'s peers, `tuner.measure.timing.compare`: interleaved, CUDA events on a GPU),
+each pair once. Kernel and op counts come from the report's profiles, which `fxtune tune`
+already measured.
 """
 
 from __future__ import annotations
@@ -163,8 +164,7 @@ def _check_infer(
 ) -> None:
     from bench.run import built_now, peers, ratio
     from tuner.graph.capture import example_inputs
-    from tuner.measure.timing import check_outputs
-    from tuner.tuning.tuner import output_errors
+    from tuner.measure.equivalence import check_outputs, output_errors
 
     notes: list[str] = []
     original = _load_original(built.path, device)

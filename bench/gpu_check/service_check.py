@@ -27,8 +27,7 @@ SUBMIT_SLACK_S = 120.0  # beyond the tuning budget: upload, claim, the worker's 
 def check_service(job: dict[str, Any], row: Row) -> None:
     from service.launch import serve_process
     from tuner.deploy.client import FxtuneClientWarning, load_tuned
-    from tuner.measure.timing import check_outputs
-    from tuner.tuning.tuner import output_errors
+    from tuner.measure.equivalence import check_outputs, output_errors
 
     model = job["service_model"]
     device = Device.parse(job["device"])

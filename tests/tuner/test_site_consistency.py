@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import pytest
@@ -12,8 +11,8 @@ import torch
 from tests.tuner.test_tune import SplitNormTanh
 from tuner.graph.capture import export_module, to_graph_module
 from tuner.measure import timing as measure
-from tuner.measure.summary import summarize
-from tuner.measure.timing import Comparison, quick_per_call_s
+from tuner.measure.timing import quick_per_call_s
+from tuner.measure.verdicts import Comparison
 from tuner.search.decisions import DecisionCache
 from tuner.search.site_search import SearchSettings, SiteSearch
 
@@ -22,10 +21,7 @@ def _stalled(c: Comparison, factor: float) -> Comparison:
     """The comparison as if the baseline's thread had stalled in every round (a 27.9 ms site
     inside a 3.28 ms model, as a dashboard run showed)."""
     base = [b * factor for b in c.baseline_s]
-    s = summarize(base, c.candidate_s, c.confidence)
-    low = 0.0 if s.low is None else s.low
-    high = math.inf if s.high is None else s.high
-    return Comparison(base, c.candidate_s, s.speedup or math.nan, low, high, c.rounds, c.stopped)
+    return Comparison.from_samples(base, c.candidate_s, c.stopped, confidence=c.confidence)
 
 
 def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], int, DecisionCache]:

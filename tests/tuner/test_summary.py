@@ -17,7 +17,7 @@ from tuner.graph.capture import export_module, save_program
 from tuner.graph.sites import Site, make_site
 from tuner.measure import timing as measure
 from tuner.measure.summary import format_interval, summarize
-from tuner.measure.timing import Comparison, timing_fields
+from tuner.measure.verdicts import Comparison, timing_fields, verdict
 from tuner.search.site_search import _decision
 
 
@@ -50,7 +50,7 @@ def test_too_few_rounds_leave_both_sides_open() -> None:
     s = summarize([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
     assert s.ci == (None, None) and s.speedup == pytest.approx(2.0)
     assert timing_fields(_comparison([2.0] * 3, [1.0] * 3))["ci"] == (None, None)
-    assert measure.verdict(_comparison([2.0] * 3, [1.0] * 3)) == "within noise"
+    assert verdict(_comparison([2.0] * 3, [1.0] * 3)) == "within noise"
 
 
 def test_format_interval_prints_open_ends() -> None:

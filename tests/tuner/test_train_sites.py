@@ -17,7 +17,7 @@ from tests.tuner.tuning_fixtures import HalfGradRelu, registered, relu_net_progr
 from tuner.contract.config import Figures, PassStep, TunedConfig
 from tuner.deploy.replay import apply_config
 from tuner.graph.capture import Inputs, export_module, to_graph_module
-from tuner.measure.timing import fresh_inputs
+from tuner.measure.inputs import fresh_inputs
 from tuner.passes import get_pass
 from tuner.passes.apply import apply_steps
 from tuner.search.decisions import DecisionCache

@@ -17,7 +17,8 @@ from tests.tuner.tuning_fixtures import (
 from tuner.contract.config import TunedConfig
 from tuner.contract.errors import InputError, PassError
 from tuner.graph.capture import to_graph_module
-from tuner.measure.timing import check_outputs, fresh_inputs
+from tuner.measure.equivalence import check_outputs
+from tuner.measure.inputs import fresh_inputs
 from tuner.passes.apply import apply_steps
 from tuner.training.step import LOSS_RULE, ReferenceSteps, eager_runner, loss_of
 from tuner.tuning.tuner import TuneOptions, tune_program

@@ -5,8 +5,8 @@ A worker's result is not trusted: whoever holds a lease could send a program wit
 answer wrongly. So the service checks what it is sent: both programs load through the safe
 loader, the original's config is replayed only for its input packing (`combine_sparse_inputs`
 changes the signature), and the tuned program runs on the example inputs and fresh variants of
-them with the tuner's own tolerance (`tuner.measure.timing.check_outputs`). A training step is
-checked as the tuner checks one (outputs, loss, every gradient;
+them with the tuner's own tolerance (`tuner.measure.equivalence.check_outputs`). A training
+step is checked as the tuner checks one (outputs, loss, every gradient;
 `tuner.training.step.check_training`). The AOTInductor package is never loaded here: it stays an
 opaque file, and `load_tuned` checks what it runs at deployment.
 """
@@ -21,7 +21,8 @@ import torch
 from tuner.deploy.replay import apply_config
 from tuner.graph.capture import example_inputs
 from tuner.loading.load import load_program
-from tuner.measure.timing import check_outputs, fresh_inputs
+from tuner.measure.equivalence import check_outputs
+from tuner.measure.inputs import fresh_inputs
 
 TRIALS = 3
 

@@ -5,10 +5,10 @@ same structure. Every rank finds the same `overlap_comm_compute` sites (checked:
 ids must agree on all ranks, else the job stops), and for each site, in order:
 
 1. every rank rewrites a copy of its current graph and checks the candidate's outputs against
-   the current graph's on fresh inputs; the verdict is all-reduced (MIN), so one rank's mismatch
-   rejects the site everywhere;
-2. the two run in lockstep (`tuner.distributed.lockstep`): interleaved rounds, a barrier before each
-sample,    the slowest rank's time per round counts;
+   the current graph's on fresh inputs (`tuner.measure.equivalence`, the tuner's one rule); the
+   verdict is all-reduced (MIN), so one rank's mismatch rejects the site everywhere;
+2. the two run in lockstep (`tuner.distributed.lockstep`): the tuner's round loop, with a
+   barrier before each sample and the slowest rank's time per round counting;
 3. rank 0 decides from those times (the speedup's interval must clear 1 + epsilon, as for every
    other pass) and broadcasts the decision; every rank applies the same decision.
 
@@ -20,6 +20,7 @@ carries every rank's figures.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -46,7 +47,11 @@ from tuner.graph.fingerprint import model_fingerprint
 from tuner.host.hardware import describe
 from tuner.host.torch_compat import pytree
 from tuner.loading.load import load_program
-from tuner.measure.timing import Comparison, fresh_inputs, summarise, verdict
+from tuner.measure.equivalence import ErrorFigures, error_figures, outputs_mismatch
+from tuner.measure.inputs import cloned, fresh_inputs
+from tuner.measure.summary import summarize
+from tuner.measure.timing import RoundRules
+from tuner.measure.verdicts import Comparison, verdict
 from tuner.passes import get_pass
 from tuner.passes.apply import apply_steps
 
@@ -90,30 +95,33 @@ def _agree(value: Any, what: str) -> None:
 def _outputs_match(
     current: fx.GraphModule, candidate: fx.GraphModule, inputs: Inputs, n: int
 ) -> tuple[bool, float]:
-    """Equal outputs on `n` fresh input sets on this rank, then agreed by all ranks (MIN)."""
-    worst = 0.0
+    """Equal outputs on `n` fresh input sets on this rank by the tuner's rule (the current
+    graph run twice for its spread, no float64 twin: see `tuner.measure.equivalence`), then
+    agreed by all ranks (MIN). Every input set runs on every rank whatever it finds, so the
+    ranks' collectives stay in step."""
+    figures = ErrorFigures()
     ok = True
     with torch.inference_mode():
         for args in fresh_inputs(inputs, n, seed=7):
-            want, got = current(*args), candidate(*args)
-            for w, g in zip(
-                pytree.tree_leaves(want),
-                pytree.tree_leaves(got),
-                strict=True,
-            ):
-                worst = max(worst, float((w.double() - g.double()).abs().max()))
-                ok = ok and torch.allclose(w, g, rtol=1e-5, atol=1e-6)
+            want = pytree.tree_leaves(current(*cloned(args)))
+            again = pytree.tree_leaves(current(*cloned(args)))
+            got = pytree.tree_leaves(candidate(*cloned(args)))
+            ok = ok and outputs_mismatch(want, again, None, got) is None
+            figures = figures.worst(error_figures(want, got))
     flag = torch.tensor([1 if ok else 0])
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item()), worst
+    return bool(flag.item()), figures.max_abs
 
 
-def _comparison(timing: LockstepTiming, confidence: float) -> Comparison:
-    base, cand = timing.slowest
-    speedup, low, high = summarise(base, cand, confidence)
-    return Comparison(
-        base, cand, speedup, low, high, timing.rounds, timing.stopped, timing.inner, confidence
+def _rules(o: DistributedTuneOptions, **overrides: Any) -> RoundRules:
+    base = RoundRules(
+        budget_s=o.budget_s,
+        min_rounds=o.min_rounds,
+        max_rounds=o.max_rounds,
+        confidence=o.confidence,
+        seed=o.seed,
     )
+    return dataclasses.replace(base, **overrides)
 
 
 def _decide(site_id: str, c: Comparison | None, why: str | None, epsilon: float) -> dict[str, Any]:
@@ -129,10 +137,20 @@ def _decide(site_id: str, c: Comparison | None, why: str | None, epsilon: float)
     return decision[0]
 
 
-def _per_rank(timing: LockstepTiming, labels: list[str]) -> list[dict[str, float]]:
+def _medians(own: list[list[float]]) -> tuple[float, float]:
+    """Baseline and candidate medians of one rank's A/B rounds (`summarize`: one rule)."""
+    s = summarize(own[0], own[1])
+    nan = float("nan")
+    return (
+        nan if s.baseline_s is None else s.baseline_s,
+        nan if s.candidate_s is None else s.candidate_s,
+    )
+
+
+def _per_rank(timing: LockstepTiming) -> list[dict[str, float]]:
     return [
-        {f"{label}_median_us": round(median(own[i]) * 1e6, 1) for i, label in enumerate(labels)}
-        for own in timing.per_rank
+        {"baseline_median_us": round(b * 1e6, 1), "candidate_median_us": round(c * 1e6, 1)}
+        for b, c in map(_medians, timing.per_rank)
     ]
 
 
@@ -149,7 +167,7 @@ def _profile(
     if comm is None:
         return {"note": "no all-to-all in the program"}
     comm_t = lockstep_timing(
-        [comm], budget_s=o.budget_s / 4, min_rounds=o.min_rounds, max_rounds=50, seed=o.seed + 1
+        [comm], _rules(o, budget_s=o.budget_s / 4, max_rounds=50, seed=o.seed + 1)
     )
     seq_i, ovl_i = instrumented(original), instrumented(tuned)
     req_seq, wait_seq = blocked_per_step(lambda: seq_i(*inputs), o.profile_steps)
@@ -159,12 +177,11 @@ def _profile(
     if ab is None:  # several sites: time the original against the fully rewritten program
         variants = [lambda: original(*inputs), lambda: tuned(*inputs)]
         ab = lockstep_timing(
-            variants, budget_s=o.budget_s / 2, min_rounds=o.min_rounds, seed=o.seed + 2
+            variants, _rules(o, budget_s=o.budget_s / 2, max_rounds=200, seed=o.seed + 2)
         )
     mine = breakdown(
-        median(ab.own[0]),
-        median(ab.own[1]),
-        median(comm_t.own[0]),
+        *_medians(ab.rounds.own),
+        median(comm_t.rounds.own[0]),
         median(blocked_seq),
         median(blocked_ovl),
         median(req_seq),
@@ -174,7 +191,7 @@ def _profile(
     )
     dist.all_reduce(blocked, op=dist.ReduceOp.MAX)
     slowest = breakdown(
-        median(ab.slowest[0]), median(ab.slowest[1]), median(comm_t.slowest[0]), *blocked.tolist()
+        *_medians(ab.rounds.samples), median(comm_t.rounds.samples[0]), *blocked.tolist()
     )
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -220,17 +237,19 @@ def tune_rank(
         timing = None
         if ok:
             timing = lockstep_timing(
-                [lambda a=current: a(*inputs), lambda b=candidate: b(*inputs)],
-                budget_s=o.budget_s, min_rounds=o.min_rounds, max_rounds=o.max_rounds,
-                confidence=o.confidence, seed=o.seed,
-            )  # fmt: skip
-            c = _comparison(timing, o.confidence)
+                [lambda a=current: a(*inputs), lambda b=candidate: b(*inputs)], _rules(o)
+            )
+            r = timing.rounds
+            base, cand = r.samples
+            c = Comparison.from_samples(
+                base, cand, r.stopped, inner=r.inner, confidence=o.confidence, device=device
+            )
         decision = _decide(site.id, c, None if ok else "outputs differ", o.epsilon)
         decision |= {"summary": site.summary, "max_abs_diff_this_rank": worst}
         if c is not None and timing is not None:
             decision |= {
                 "comparison": c.to_dict(),
-                "per_rank": _per_rank(timing, ["baseline", "candidate"]),
+                "per_rank": _per_rank(timing),
             }
             only_timing = timing if len(sites) == 1 else None
         if decision["accepted"]:

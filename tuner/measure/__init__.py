@@ -1,2 +1,4 @@
-"""Timing with statistics: interleaved A/B rounds, one summary of paired ratios with its
-interval, and the verdict drawn from it."""
+"""Measuring a candidate against the original: inputs to run them on (`inputs`), whether they
+compute the same (`equivalence`: one tolerance rule), how fast each runs (`timing`: one round
+loop, locally or on ranks in lockstep), the statistics of paired samples (`summary`) and what
+a comparison amounts to (`verdicts`)."""

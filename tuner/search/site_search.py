@@ -32,14 +32,10 @@ from tuner.contract.device import CPU, Device
 from tuner.graph.capture import Inputs, refresh_meta
 from tuner.graph.sites import Site
 from tuner.graph.sizes import SizePoint
-from tuner.measure.timing import (
-    Comparison,
-    check_outputs,
-    compare,
-    fresh_inputs,
-    timing_fields,
-    verdict,
-)
+from tuner.measure.equivalence import check_outputs
+from tuner.measure.inputs import fresh_inputs
+from tuner.measure.timing import compare
+from tuner.measure.verdicts import Comparison, timing_fields, verdict
 from tuner.passes import get_pass, pass_names
 from tuner.passes.apply import apply_steps, cleanup
 from tuner.passes.base import GraphPass

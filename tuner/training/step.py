@@ -13,7 +13,6 @@ that the step's backward covers every output.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,7 +24,18 @@ from torch.profiler import record_function
 
 from tuner.contract.training import OPTIMIZER_NAMES
 from tuner.host.torch_compat import pytree
-from tuner.measure.timing import leaf_mismatch
+from tuner.measure.equivalence import (
+    ELEMENTWISE,
+    PER_TENSOR,
+    ErrorFigures,
+    doubled,
+    error_figures,
+    float64_copy,
+    leaf_mismatch,
+    named_mismatch,
+    outputs_mismatch,
+    twin_agrees,
+)
 from tuner.profiling.analysis import phase_range
 
 LOSS_RULE = "sum over floating outputs of their mean (no scalar output to use as the loss)"
@@ -37,26 +47,6 @@ OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], float | None], torch.optim.O
     "sgd": lambda params, lr: torch.optim.SGD(params, lr=0.01 if lr is None else lr),
     "adamw": lambda params, lr: torch.optim.AdamW(params, lr=1e-3 if lr is None else lr),
 }
-
-# The float64 twin is trusted as the exact value only when its loss agrees with the float32
-# reference to this relative distance: beyond it the two took different random paths (e.g. a
-# random op that draws differently by dtype) and it would inflate every tolerance.
-TWIN_AGREEMENT = 1e-3
-# Outputs and loss: `tuner.measure.timing.leaf_mismatch` (elementwise, as inference checks), with
-# an absolute term relative to each tensor's own largest magnitude.
-RTOL = 1e-4
-ATOL_SCALE = 1e-5
-# Gradients and the state after a step come out of reductions over the whole batch and of
-# errors carried back through every later layer; another legal order (a fused or compiled
-# kernel) can land far farther from float64 than eager happened to on one run. They are
-# compared per tensor by root-mean-square error against float64: the candidate may be
-# GRAD_NOISE_FACTOR times as far as the reference (its distance plus its run-to-run spread),
-# plus GRAD_RTOL of the tensor's own RMS. Measured: torch.compile's step of the example CNN
-# put a batch-norm weight's gradient 3e-4 of its RMS from float64, eager 3e-6. A rewrite that
-# changes a gradient (scales it, drops a path, misses one row in a thousand) is off by 3 % of
-# the tensor or more, beyond either term.
-GRAD_NOISE_FACTOR = 10.0
-GRAD_RTOL = 1e-3
 
 Forward = Callable[..., tuple[torch.Tensor, Any]]
 
@@ -106,7 +96,8 @@ def make_optimizer(
 
 @contextmanager
 def _grad_on() -> Iterator[None]:
-    """Autograd on even inside the timer's inference_mode (tuner.measure.timing.compare)."""
+    """Autograd on even inside the timer's inference_mode (`tuner.measure.timing.run_rounds`
+    is called under it)."""
     with torch.inference_mode(False), torch.enable_grad():
         yield
 
@@ -235,107 +226,44 @@ RUNNERS: dict[str, Callable[[nn.Module, str | None, torch.device | None], TrainR
 }
 
 
-def _doubled(inputs: tuple) -> tuple:
-    return pytree.tree_map(
-        lambda v: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v,
-        inputs,
-    )
-
-
-def _float64_copy(module: nn.Module) -> nn.Module | None:
-    try:
-        return copy.deepcopy(module).double()
-    except Exception:
-        return None
-
-
 def _float64_runner(module: nn.Module, optimizer: str | None) -> TrainRunner | None:
-    twin = _float64_copy(module)
+    twin = float64_copy(module)
     return None if twin is None else TrainRunner(twin, optimizer)
 
 
-def _compare(what: str, ref: Any, again: Any, truth: Any, got: Any) -> str | None:
-    """`tuner.measure.timing.leaf_mismatch` with an absolute tolerance scaled to the tensor."""
-    atol = 0.0
-    if isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.numel():
-        scale = float(ref.detach().double().abs().max())
-        atol = ATOL_SCALE * scale if math.isfinite(scale) else 0.0
-    reason = leaf_mismatch(ref, again, truth, got, RTOL, atol)
-    return None if reason is None else f"{what}: {reason}"
-
-
-def _rms(t: torch.Tensor) -> float:
-    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
-
-
-def _state_mismatch(what: str, ref: Any, again: Any, truth: Any, got: Any) -> str | None:
-    """A gradient, parameter or buffer: RMS error against float64 (see GRAD_NOISE_FACTOR)."""
-    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point()):
-        return _compare(what, ref, again, truth, got)
-    if not isinstance(got, torch.Tensor) or got.shape != ref.shape or got.dtype != ref.dtype:
-        shown = f"{got.dtype}{list(got.shape)}" if isinstance(got, torch.Tensor) else type(got)
-        return f"{what}: got {shown}, expected {ref.dtype}{list(ref.shape)}"
-    r1, r2, c = (t.detach().double() for t in (ref, again, got.to(ref.device)))
-    has_truth = isinstance(truth, torch.Tensor) and truth.shape == ref.shape
-    t = truth.detach().double().to(ref.device) if has_truth else r1
-    finite = torch.isfinite(r1) & torch.isfinite(t)
-    if not torch.equal(finite, torch.isfinite(c) & torch.isfinite(t)):
-        return f"{what}: nan/inf where the reference has none (or the other way)"
-    r1, r2, c, t = r1[finite], r2[finite], c[finite], t[finite]
-    noise = _rms(r1 - t) + _rms(r1 - r2)
-    allowed = GRAD_NOISE_FACTOR * noise + GRAD_RTOL * _rms(t)
-    error = _rms(c - t)
-    if error <= allowed or error == 0.0:
-        return None
-    return (
-        f"{what}: RMS error {error:.3g} > allowed {allowed:.3g} (the reference's own "
-        f"{noise:.3g}; tensor RMS {_rms(t):.3g})"
-    )
+# The state a step leaves, as a reason names it; all of it is checked `PER_TENSOR`.
+STATE_LABELS = {
+    "grads": "gradient of",
+    "params": "after the step,",
+    "buffers": "buffer",
+}
 
 
 def step_mismatch(
     first: StepRecord, again: StepRecord, truth: StepRecord | None, got: StepRecord
 ) -> str | None:
-    """Why `got` differs from the reference step `first`, or None.
-
-    Tolerances come from the reference's own noise (its spread between two identical runs plus
-    its distance from float64): elementwise for outputs and loss, as `tuner.measure.timing.
-    check_outputs` does, per tensor (RMS) for gradients and state (GRAD_NOISE_FACTOR). A
-    parameter missing or without a gradient where
-    the reference has one is a mismatch: the candidate no longer trains that parameter.
+    """Why `got` differs from the reference step `first`, or None, by the rule of
+    `tuner.measure.equivalence`: the reference run twice (`again`) and in float64 (`truth`,
+    where it runs and agrees); outputs and the loss `ELEMENTWISE`, gradients, parameters and
+    buffers `PER_TENSOR`. A parameter missing or without a gradient where the reference has one
+    is a mismatch: the candidate no longer trains that parameter.
     """
-    if len(got.outputs) != len(first.outputs):
-        return f"{len(got.outputs)} outputs, expected {len(first.outputs)}"
     t = truth
-    for j, (r1, r2, c) in enumerate(zip(first.outputs, again.outputs, got.outputs, strict=True)):
-        reason = _compare(f"output {j}", r1, r2, t.outputs[j] if t else None, c)
-        if reason:
-            return reason
-    reason = _compare("loss", first.loss, again.loss, t.loss if t else None, got.loss)
-    if reason:
+    reason = outputs_mismatch(first.outputs, again.outputs, t.outputs if t else None, got.outputs)
+    if reason is not None:
         return reason
-    for kind in ("grads", "params", "buffers"):
-        ref, ref2, exact = getattr(first, kind), getattr(again, kind), getattr(t, kind, None)
+    reason = leaf_mismatch(first.loss, again.loss, t.loss if t else None, got.loss, ELEMENTWISE)
+    if reason is not None:
+        return f"loss: {reason}"
+    for kind, label in STATE_LABELS.items():
+        exact = getattr(t, kind) if t else None
         mine = getattr(got, kind)
-        for name, r1 in ref.items():
-            label = {"grads": "gradient of", "params": "after the step,", "buffers": "buffer"}[kind]
-            if name not in mine:
-                return f"{label} {name}: missing from the candidate"
-            if r1 is None:
-                continue
-            c = mine[name]
-            if c is None:
-                return f"{label} {name}: the candidate has none"
-            exact_v = exact.get(name) if exact else None
-            reason = _state_mismatch(f"{label} {name}", r1, ref2[name], exact_v, c)
-            if reason:
-                return reason
+        reason = named_mismatch(
+            label, getattr(first, kind), getattr(again, kind), exact, mine, PER_TENSOR
+        )
+        if reason is not None:
+            return reason
     return None
-
-
-def _twin_agrees(first: StepRecord, twin: StepRecord) -> bool:
-    a, b = float(first.loss), float(twin.loss)
-    return math.isfinite(b) and abs(a - b) <= TWIN_AGREEMENT * max(abs(a), 1e-6)
 
 
 class ReferenceSteps:
@@ -351,7 +279,7 @@ class ReferenceSteps:
         self.seed = seed
         self._records: list[tuple[StepRecord, StepRecord, StepRecord | None]] = []
         # The largest absolute and relative output errors of the candidates checked so far.
-        self.output_errors: tuple[float, float] = (0.0, 0.0)
+        self.output_errors = ErrorFigures()
 
     def _record(self, i: int) -> tuple[StepRecord, StepRecord, StepRecord | None]:
         if not self._records:
@@ -363,10 +291,10 @@ class ReferenceSteps:
                 truth = None
                 if twin is not None:
                     try:
-                        truth = twin.record(_doubled(inputs), self.seed + j)
+                        truth = twin.record(doubled(inputs), self.seed + j)
                     except Exception:
                         twin = None
-                    if truth is not None and not _twin_agrees(first, truth):
+                    if truth is not None and not twin_agrees(first.loss, truth.loss):
                         truth = None
                 self._records.append((first, again, truth))
         return self._records[i]
@@ -383,24 +311,11 @@ class ReferenceSteps:
                 got = candidate.record(pack(inputs), self.seed + i)
             except Exception as exc:
                 return f"input set {i}: the candidate's step raised {type(exc).__name__}: {exc}"
-            self._note_errors(first, got)
+            self.output_errors = self.output_errors.worst(error_figures(first.outputs, got.outputs))
             reason = step_mismatch(first, again, truth, got)
             if reason is not None:
                 return f"input set {i}, {reason}"
         return None
-
-    def _note_errors(self, first: StepRecord, got: StepRecord) -> None:
-        worst_abs, worst_rel = self.output_errors
-        for e, g in zip(first.outputs, got.outputs, strict=False):
-            if not (isinstance(e, torch.Tensor) and isinstance(g, torch.Tensor)):
-                continue
-            if e.shape != g.shape or not e.is_floating_point() or not e.numel():
-                continue
-            diff = float((e.double() - g.double()).abs().max())
-            scale = float(e.double().abs().max())
-            worst_abs = max(worst_abs, diff)
-            worst_rel = max(worst_rel, diff / max(scale, 1e-12))
-        self.output_errors = (worst_abs, worst_rel)
 
 
 def check_training(
@@ -522,17 +437,17 @@ def check_site_step(
     in float64. A forward-identical rewrite that changes a gradient fails here, before timing.
     """
     names = _input_names(reference, len(wanted))
-    twin = _float64_copy(reference)
+    twin = float64_copy(reference)
     for i, inputs in enumerate(trials):
         first = _site_record(reference, inputs, wanted, names, lambda a: a, seed + i)
         again = _site_record(reference, inputs, wanted, names, lambda a: a, seed + i)
         truth = None
         if twin is not None:
             try:
-                truth = _site_record(twin, _doubled(inputs), wanted, names, lambda a: a, seed + i)
+                truth = _site_record(twin, doubled(inputs), wanted, names, lambda a: a, seed + i)
             except Exception:
                 twin = None
-            if truth is not None and not _twin_agrees(first, truth):
+            if truth is not None and not twin_agrees(first.loss, truth.loss):
                 truth = None
         try:
             got = _site_record(candidate, inputs, wanted, names, pack, seed + i)

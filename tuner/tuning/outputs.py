@@ -18,8 +18,9 @@ from tuner.backends.isolation import compile_aoti_in_child
 from tuner.contract.device import Device
 from tuner.contract.errors import FxtuneError
 from tuner.graph.capture import example_inputs, save_program, to_program
-from tuner.measure.timing import check_outputs, quick_per_call_s
-from tuner.tuning.tuner import TuneOutcome, output_errors, to_device
+from tuner.measure.equivalence import check_outputs, output_errors
+from tuner.measure.timing import quick_per_call_s
+from tuner.tuning.tuner import TuneOutcome, to_device
 
 
 def aoti_path_for(program_path: Path) -> Path:

@@ -42,14 +42,9 @@ from tuner.graph.capture import Inputs, example_inputs, to_graph_module
 from tuner.graph.nodes import arg, aten
 from tuner.graph.shapes import spec_of
 from tuner.host.torch_compat import pytree
-from tuner.measure.timing import (
-    compare,
-    fixed_threads,
-    fresh_inputs,
-    quick_per_call_s,
-    timing_fields,
-    verdict,
-)
+from tuner.measure.inputs import fresh_inputs
+from tuner.measure.timing import compare, fixed_threads, quick_per_call_s
+from tuner.measure.verdicts import timing_fields, verdict
 from tuner.passes import get_pass, pass_names
 from tuner.passes.apply import Transformed, apply_steps
 from tuner.search.site_search import Progress, SearchResult

@@ -46,16 +46,10 @@ from tuner.graph.shapes import spec_of
 from tuner.graph.sites import Site
 from tuner.graph.sizes import SizePoint, size_points
 from tuner.host.hardware import describe, hardware_key
-from tuner.measure.timing import (
-    check_outputs,
-    compare,
-    fixed_threads,
-    fresh_inputs,
-    quick_per_call_s,
-    require_timing,
-    timing_fields,
-    verdict,
-)
+from tuner.measure.equivalence import check_outputs, output_errors
+from tuner.measure.inputs import fresh_inputs
+from tuner.measure.timing import compare, fixed_threads, quick_per_call_s, require_timing
+from tuner.measure.verdicts import timing_fields, verdict
 from tuner.passes import pass_names
 from tuner.passes.apply import Transformed, apply_steps
 from tuner.search.across_sizes import combined_verdict, size_figures
@@ -159,32 +153,6 @@ class BucketOutcome:
 
 def to_device(x: Any, device: Device) -> Any:
     return x.to(device.torch_device) if isinstance(x, torch.Tensor) else x
-
-
-def _first_tensor_outputs(out: Any) -> list[torch.Tensor]:
-    flat, _ = torch.utils._pytree.tree_flatten(out)
-    return [t for t in flat if isinstance(t, torch.Tensor)]
-
-
-def output_errors(
-    reference: Callable[..., Any], candidate: Callable[..., Any], trials: list[Inputs]
-) -> tuple[float, float]:
-    worst_abs = worst_rel = 0.0
-    with torch.inference_mode():
-        for inputs in trials:
-            for e, g in zip(
-                _first_tensor_outputs(reference(*inputs)),
-                _first_tensor_outputs(candidate(*inputs)),
-                strict=True,
-            ):
-                if not e.is_floating_point():
-                    worst_abs = max(worst_abs, float((e != g).any()))
-                    continue
-                diff = (e.double() - g.double()).abs()
-                worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
-                scale = e.double().abs().max().clamp_min(1e-12)
-                worst_rel = max(worst_rel, float(diff.max() / scale) if diff.numel() else 0.0)
-    return worst_abs, worst_rel
 
 
 @contextmanager
