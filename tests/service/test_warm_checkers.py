@@ -16,8 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from service.analysis import AnalysisLimits, CheckRun, ProgramAnalysis, UnloadableProgram
+from service.analysis import (
+    AnalysisLimits,
+    CheckRun,
+    ProgramAnalysis,
+    UnloadableProgram,
+    program_analysis,
+)
 from service.check_folder import CheckFolder
+from service.core.config import Settings
 from tests.service.helpers import REPO, pid_alive, wait_for
 from tuner.checks.warm import READY, job_line
 from tuner.host.sandbox import bwrap_works
@@ -92,6 +99,18 @@ def test_control_without_warm_checkers_every_check_starts_its_own(
     assert cold.pool is None
     assert cold.fingerprint(program(tmp_path, "one")) == "one"
     assert not cold.recent[-1].warm and cold.recent[-1].pid is None
+
+
+def test_fxtune_warm_checkers_sets_the_pool_and_0_turns_it_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FXTUNE_DATA_DIR", str(tmp_path))
+    default = program_analysis(Settings())
+    assert default.pool is not None and default.pool.size == 1
+    monkeypatch.setenv("FXTUNE_WARM_CHECKERS", "3")
+    assert program_analysis(Settings()).pool.size == 3  # type: ignore[union-attr]
+    monkeypatch.setenv("FXTUNE_WARM_CHECKERS", "0")
+    assert program_analysis(Settings()).pool is None
 
 
 def test_a_warm_child_runs_one_job_and_exits(tmp_path: Path) -> None:
