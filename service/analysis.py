@@ -5,7 +5,10 @@ from an upload. Fingerprinting an upload (with its resource bounds), loading a w
 program and verifying it against the original all run as `python -m tuner.checks.inspect` in a child
 with an address-space, CPU-time and wall-clock cap, an allowlisted environment and, where
 bubblewrap runs, namespaces that show it only the system, the Python environment and a folder
-holding the files it checks (`tuner.host.sandbox`). The service only reads the child's JSON answer.
+holding the files it checks, read-only (`service.check_folder`, `tuner.host.sandbox`). The
+service only reads the child's JSON answer. One child checks one thing and exits; so that an
+upload does not wait for a Python to import torch, `FXTUNE_WARM_CHECKERS` of them are started
+ahead, already sandboxed and warmed up, and each check takes one (`service.warm_checkers`).
 
 Unlike a worker's tuning child, this one runs nothing the upload says: the program JSON is
 checked against fxtune's schema and the graph is only fake-propagated. So where bubblewrap cannot
@@ -18,20 +21,34 @@ import functools
 import json
 import logging
 import os
-import shutil
+import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from service.check_folder import CheckFolder
 from service.core.config import Settings
+from service.warm_checkers import WarmCheckers, WarmChild
 from tuner.contract.exit_codes import ExitCode
-from tuner.host.sandbox import Limits, Sandbox, bwrap_works, run_child
+from tuner.host.sandbox import (
+    ChildResult,
+    Limits,
+    Sandbox,
+    bwrap_works,
+    run_child,
+    spawn_child,
+    wait_child,
+)
 
 log = logging.getLogger("fxtune.service")
 
 AnalysisSandbox = Literal["auto", "bwrap", "none"]
+INSPECT = "tuner.checks.inspect"
+RESULT = "result.json"
 
 
 class UnloadableProgram(ValueError):
@@ -71,12 +88,13 @@ def _sandbox(mode: AnalysisSandbox) -> Sandbox:
     return Sandbox("none")
 
 
-def _place(src: Path, dst: Path) -> None:
-    """The checked file inside the child's folder: a hard link where it can be, else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+def _argv(args: list[str], placed: dict[str, str]) -> list[str]:
+    """The check's command line, its file names as the child finds them, and where it answers."""
+    return [*(placed.get(a, a) for a in args), "--out", RESULT]
+
+
+def _answer(done: ChildResult, folder: CheckFolder) -> dict[str, Any] | None:
+    return json.loads((folder.path / RESULT).read_text()) if done.ok else None
 
 
 def program_analysis(settings: Settings) -> ProgramAnalysis:
@@ -87,35 +105,92 @@ def program_analysis(settings: Settings) -> ProgramAnalysis:
         wall_s=settings.analysis_wall_s,
         sandbox=settings.analysis_sandbox,
     )
-    return ProgramAnalysis(settings.data_dir / "analysis", limits)
+    return ProgramAnalysis(settings.data_dir / "analysis", limits, warm=settings.warm_checkers)
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    """How one check ran: by a `warm` child (started before the check; `was_ready` when it had
+    warmed up by then) or by a cold one started for it."""
+
+    warm: bool
+    was_ready: bool
+    pid: int | None
+    seconds: float
+
+
+Outcome = tuple[ChildResult, dict[str, Any] | None]
 
 
 class ProgramAnalysis:
-    """Runs `tuner.checks.inspect` commands on files in a fresh folder under `root`."""
+    """Runs `tuner.checks.inspect` commands, each in its own child and folder under `root`.
 
-    def __init__(self, root: Path, limits: AnalysisLimits) -> None:
+    With `warm` > 0 that many children wait, started ahead (`service.warm_checkers`), between
+    `start` and `close`; a check without one starts its own. `module` is the checking program
+    (`python -m MODULE`), replaceable for tests that need a child to misbehave.
+    """
+
+    def __init__(
+        self, root: Path, limits: AnalysisLimits, warm: int = 0, module: str = INSPECT
+    ) -> None:
         self.root = root
         self.limits = limits
+        self.module = module
+        self.pool = WarmCheckers(warm, self._spawn_warm) if warm > 0 else None
+        self.recent: deque[CheckRun] = deque(maxlen=64)
+
+    def start(self) -> None:
+        """Remove what killed processes left here, and start the warm children."""
+        CheckFolder.clear_leftovers(self.root)
+        if self.pool is not None:
+            self.pool.start()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def _caps(self) -> Limits:
+        return Limits(
+            wall_s=self.limits.wall_s,
+            cpu_s=self.limits.cpu_s,
+            address_space_bytes=self.limits.memory_bytes,
+        )
+
+    def _sandbox(self, folder: CheckFolder) -> Sandbox:
+        return replace(_sandbox(self.limits.sandbox), read_only=(folder.inputs,))
+
+    @staticmethod
+    def _env() -> dict[str, str]:
+        return {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+
+    def _spawn_warm(self) -> tuple[subprocess.Popen[str], CheckFolder]:
+        folder = CheckFolder(self.root, "warm-")
+        try:
+            cmd = [sys.executable, "-m", self.module, "warm"]
+            sandbox = self._sandbox(folder)
+            pipe = subprocess.PIPE
+            proc = spawn_child(cmd, self._caps(), folder.path, self._env(), sandbox, pipe)
+        except BaseException:
+            folder.remove()
+            raise
+        return proc, folder
 
     def _run(self, args: list[str], files: dict[str, Path], what: str) -> dict[str, Any]:
-        """`python -m tuner.checks.inspect ARGS --out result.json` in a new folder with `files`."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="check-", dir=self.root) as tmp:
-            work = Path(tmp)
-            for name, src in files.items():
-                _place(src, work / name)
-            cmd = [sys.executable, "-m", "tuner.checks.inspect", *args, "--out", "result.json"]
-            limits = Limits(
-                wall_s=self.limits.wall_s,
-                cpu_s=self.limits.cpu_s,
-                address_space_bytes=self.limits.memory_bytes,
-            )
-            env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
-            done = run_child(
-                cmd, limits, work, lambda *_: None, env=env, sandbox=_sandbox(self.limits.sandbox)
-            )
-            if done.ok:
-                return json.loads((work / "result.json").read_text())
+        """`python -m MODULE ARGS --out result.json` with `files` in the child's `in/`."""
+        started = time.monotonic()
+        child = self.pool.take() if self.pool is not None else None
+        was_ready = child is not None and child.ready
+        outcome = self._run_warm(child, args, files) if child is not None else None
+        warm = outcome is not None
+        if outcome is None:  # no warm child, or it died before it got the job
+            outcome = self._run_cold(args, files)
+        done, result = outcome
+        pid = child.pid if warm and child is not None else None
+        run = CheckRun(warm, warm and was_ready, pid, time.monotonic() - started)
+        self.recent.append(run)
+        log.debug("checked %s: %s", what, run)
+        if result is not None:
+            return result
         detail = (done.error or "").removeprefix("error: ")
         if done.returncode in (ExitCode.USER_INPUT, ExitCode.REFUSED):
             raise UnloadableProgram(f"{what} cannot be loaded safely: {detail}")
@@ -127,6 +202,42 @@ class ProgramAnalysis:
             f"checking {what} failed within its limits "
             f"({self.limits.memory_bytes >> 20} MiB, {self.limits.cpu_s} s of CPU): {detail}"
         )
+
+    def _run_cold(self, args: list[str], files: dict[str, Path]) -> Outcome:
+        """A child started for this check (the only way with FXTUNE_WARM_CHECKERS=0)."""
+        folder = CheckFolder(self.root, "check-")
+        try:
+            argv = _argv(args, folder.place(files))
+            cmd = [sys.executable, "-m", self.module, *argv]
+            done = run_child(
+                cmd,
+                self._caps(),
+                folder.path,
+                lambda *_: None,
+                env=self._env(),
+                sandbox=self._sandbox(folder),
+            )
+            return done, _answer(done, folder)
+        finally:
+            folder.remove()
+
+    def _run_warm(
+        self, child: WarmChild, args: list[str], files: dict[str, Path]
+    ) -> Outcome | None:
+        """The check by a warm child, under the same limits, the wall clock counted from now;
+        None when the child died before it got the job (the check then runs cold)."""
+        deadline = time.monotonic() + self.limits.wall_s
+        try:
+            argv = _argv(args, child.folder.place(files))
+            readiness = child.wait_ready(deadline)
+            if readiness == "ended" or (readiness == "ready" and not child.hand(argv)):
+                return None
+            done = wait_child(
+                child.proc, self._caps(), child.folder.path, deadline, reader=child.reader
+            )
+            return done, _answer(done, child.folder)
+        finally:
+            child.stop()
 
     def fingerprint(self, path: Path, what: str = "the uploaded program") -> str:
         """The upload's fingerprint, after its schema, operators and resource bounds passed."""

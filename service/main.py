@@ -1,4 +1,5 @@
-"""The FastAPI application: migrations on start, the lease reaper, and JSON errors everywhere."""
+"""The FastAPI application: migrations on start, the lease reaper, the warm checkers (started
+and stopped with the app), and JSON errors everywhere."""
 
 from __future__ import annotations
 
@@ -75,7 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.artifacts = artifacts
         app.state.config_cache = ConfigCache(settings.config_cache_ttl_s)
-        app.state.analysis = program_analysis(settings)
+        analysis = program_analysis(settings)
+        await run_in_threadpool(analysis.start)
+        app.state.analysis = analysis
         reaper = asyncio.create_task(reap_forever(store, settings.reap_interval_s))
         try:
             yield
@@ -83,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
+            await run_in_threadpool(analysis.close)
             engine.dispose()
 
     app = FastAPI(

@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         default="auto",
         description="bubblewrap around that child: auto (where it runs), bwrap (required), none",
     )
+    warm_checkers: int = Field(
+        default=1,
+        ge=0,
+        description="Checking children started ahead, sandboxed and with torch imported, so an "
+        "upload's check does not wait for one to start (each checks once, then exits); 0: each "
+        "check starts its own",
+    )
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

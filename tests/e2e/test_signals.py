@@ -1,6 +1,6 @@
 """SIGTERM ends `fxtune serve --embedded-worker` and `python -m examples.demo --keep-serving`
-together with every process they started (the service, its worker, a running tuning child):
-nothing is left behind as an orphan."""
+together with every process they started (the service, its worker, a running tuning child, its
+warm checkers): nothing is left behind as an orphan. Nor after SIGKILL, for the warm checkers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service.launch import free_port
 from tests.service.helpers import REPO, children, fxtune_env, pid_alive, tiny_program, wait_for
@@ -112,6 +113,52 @@ def test_sigterm_ends_the_demo_and_the_service_it_keeps_serving(tmp_path: Path) 
         if proc.poll() is None:
             proc.kill()
     assert not list(tmp_path.glob("fxtune-demo-*")), "the demo's temporary folder was left"
+
+
+WARM_CHECKER = "tuner.checks.inspect warm"
+
+
+def warm_checkers(pid: int) -> set[int]:
+    return {p for p in descendants(pid) if WARM_CHECKER in cmdline(p)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_no_warm_checker_outlives_fxtune_serve(tmp_path: Path, sig: signal.Signals) -> None:
+    """After an upload (its checker exited, a replacement started), the signal leaves nothing:
+    SIGTERM through the app's shutdown, SIGKILL through the children's death signal."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = fxtune_env(FXTUNE_DATA_DIR=str(tmp_path / "data"))
+    cmd = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port)]
+    with (tmp_path / "serve.log").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _healthy(url), 120, "the service")
+        first = wait_for(lambda: warm_checkers(proc.pid), 60, "a warm checker to start")
+        program = tmp_path / "tiny.pt2"
+        tiny_program(program)
+        with program.open("rb") as f:
+            resp = httpx.post(f"{url}/api/v1/models", files={"file": f}, timeout=300)
+        assert resp.status_code == 201, resp.text
+        assert not any(pid_alive(p) for p in first)  # it checked the upload and exited
+        replacement = wait_for(lambda: warm_checkers(proc.pid) - first, 60, "a replacement")
+        tree = descendants(proc.pid)
+        assert replacement <= tree
+        if sig == signal.SIGTERM:
+            terminate_and_check(proc, tree)
+            assert not list((tmp_path / "data" / "analysis").iterdir())
+        else:
+            proc.kill()
+            proc.wait(30)
+            try:
+                wait_for(lambda: not [p for p in tree if pid_alive(p)], 30, "every child to end")
+            finally:
+                for pid in [p for p in tree if pid_alive(p)]:
+                    os.kill(pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
 def _demo_tree(pid: int) -> set[int]:

@@ -7,6 +7,7 @@ object to the file named by `--out`:
     fingerprint PROGRAM --out R.json                      {"fingerprint": ..., "footprint": [...]}
     load PROGRAM --out R.json                             {"loaded": true}
     verify ORIGINAL TUNED --config C.json --out R.json    {"mismatch": null | "why"}
+    warm        import everything first, then run one of the above read from stdin (`checks.warm`)
 
 Exit codes are the tuner's (`tuner.contract.exit_codes`): 2 for a bad program, 3 for a refused one
 (the message on stderr names the node or field), 1 for a bug.
@@ -21,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tuner.checks.warm import serve_one
 from tuner.contract.errors import FxtuneError
 from tuner.contract.exit_codes import exit_code_for
 
@@ -53,9 +55,21 @@ def _verify(original: Path, tuned: Path, config_path: Path) -> dict[str, Any]:
     return {"mismatch": verify_tuned(original, tuned, json.loads(config_path.read_text()))}
 
 
+def warm_up() -> None:
+    """What a first check would otherwise import: the checks, torch, and torch's program
+    deserializer, which the loader imports on first use (it brings TorchDynamo: a second)."""
+    import torch._export.serde.serialize  # noqa: F401
+
+    import tuner.checks.verify_result
+    import tuner.graph.fingerprint
+    import tuner.loading.bounds
+    import tuner.loading.load  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tuner.checks.inspect")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("warm")
     for name in ("fingerprint", "load"):
         one = sub.add_parser(name)
         one.add_argument("program", type=Path)
@@ -66,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ver.add_argument("--config", type=Path, required=True)
     ver.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.command == "warm":
+        return serve_one(main, warm_up)
     try:
         if args.command == "fingerprint":
             result = inspect_program(args.program)

@@ -7,12 +7,15 @@ timeout kills everything it started), and dies with the worker (PR_SET_PDEATHSIG
 killed with -9 leaves no orphan tuning behind, and the lease brings the job back. Its temporary
 files (TMPDIR, Inductor's and Triton's caches) live in the job's folder, so they go with it.
 Its environment is built from an allowlist (`tuner.host.child_env`), never the parent's secrets.
+PR_SET_PDEATHSIG fires when the *thread* that started the child ends, so a child that outlives
+the call starting it (the service's warm checkers) must come from a thread that lives as long.
 
 Under bubblewrap the child runs in its own namespaces (no network, its own processes) on a root
 that holds only what it needs: the system's programs and libraries (/usr and its links, the
 /etc files the loader and Python read), the Python environment and fxtune's code, read-only; the
-job folder and the decision cache's folder, writable; a private /tmp. Not `/`: the home folder,
-the service's data folder (database, uploads) and other jobs' folders are simply not there.
+job folder and the decision cache's folder, writable (but for `read_only` folders in them: the
+files a check reads); a private /tmp. Not `/`: the home folder, the service's data folder
+(database, uploads) and other jobs' folders are simply not there.
 Without bubblewrap nothing of this holds, so a worker refuses to run unless the operator chose
 `none` explicitly (`resolve_sandbox`).
 """
@@ -131,6 +134,7 @@ class Sandbox:
     kind: SandboxKind = "none"
     writable: tuple[Path, ...] = ()
     share_devices: bool = False  # GPUs need the host's /dev and /sys
+    read_only: tuple[Path, ...] = ()  # inside a writable folder: what the child reads, not edits
 
     def wrap(self, cmd: list[str], workdir: Path, python_path: str | None = None) -> list[str]:
         """`cmd` under bubblewrap; `python_path` (the child's PYTHONPATH) and the folder of the
@@ -162,6 +166,8 @@ class Sandbox:
         args += ["--proc", "/proc", "--tmpfs", "/tmp"]
         for path in (workdir, *self.writable):
             args += ["--bind", str(path), str(path)]
+        for path in self.read_only:
+            args += ["--ro-bind", str(path), str(path)]
         args += ["--unshare-all", "--die-with-parent", "--new-session", "--chdir", str(workdir)]
         return args
 
@@ -267,7 +273,7 @@ def _describe_exit(code: int) -> str:
 MAX_LINE_CHARS = 64_000  # a progress line is small; longer ones are dropped unread
 
 
-def _lines(stream: object, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
+def bounded_lines(stream: object, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
     """Lines of at most `limit` characters; a longer one is skipped (never held whole)."""
     skipping = False
     while True:
@@ -281,16 +287,84 @@ def _lines(stream: object, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
 
 
 def _relay(stream: object, on_progress: Progress, redact: Redact) -> None:
-    for raw in _lines(stream):
+    for raw in bounded_lines(stream):
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             event = json.loads(raw)
             message = redact(str(event.get("message", "")), MAX_PROGRESS_CHARS)
             on_progress(float(event["progress"]), message)
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def kill_group(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def spawn_child(
+    cmd: list[str],
+    limits: Limits,
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    sandbox: Sandbox = Sandbox(),
+    stdin: int = subprocess.DEVNULL,
+) -> subprocess.Popen[str]:
+    """Start `cmd` with `limits` (all but the wall clock, which `wait_child` keeps), in its own
+    process group, under `sandbox`, with the allowlisted environment plus `env`; its stdout is
+    a pipe and its stderr goes to `workdir/stderr.log`. Raises OSError when it cannot start."""
+    child_env = child_environment(workdir, env)
+    with (workdir / "stderr.log").open("w") as stderr:
+        return subprocess.Popen(
+            sandbox.wrap(cmd, workdir, child_env.get("PYTHONPATH")),
+            cwd=workdir,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=child_env,
+            start_new_session=True,
+            preexec_fn=_apply_limits(limits),
+        )
+
+
+def wait_child(
+    proc: subprocess.Popen[str],
+    limits: Limits,
+    workdir: Path,
+    deadline: float,
+    cancelled: Callable[[], bool] = lambda: False,
+    reader: threading.Thread | None = None,
+    redact: Redact = _cut,
+) -> ChildResult:
+    """Wait for a child of `spawn_child` until it exits, `cancelled()` or the monotonic
+    `deadline`; then kill its whole group and say how it ended (its error from its stderr)."""
+    timed_out = was_cancelled = False
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            timed_out = True
+        elif cancelled():
+            was_cancelled = True
+        if timed_out or was_cancelled:
+            kill_group(proc)
+            proc.wait()
+            break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+    kill_group(proc)  # anything the child left running in its group
+    if reader is not None:
+        reader.join(timeout=5)
+    code = proc.returncode
+    if code == 0 and not (timed_out or was_cancelled):
+        return ChildResult(0, None)
+    if timed_out:
+        error = f"tuning timed out after {limits.wall_s:g}s and was killed"
+    elif was_cancelled:
+        error = "tuning was cancelled"
+    else:
+        tail = _tail(workdir / "stderr.log")
+        detail = error_line(redact(tail, len(tail) + len(REDACTED) * 64))
+        error = detail if detail and code > 0 else f"tuner {_describe_exit(code)}"
+        if detail and code < 0:
+            error = f"tuner {_describe_exit(code)}: {detail}"
+    return ChildResult(code, redact(error, MAX_ERROR_CHARS), timed_out, was_cancelled)
 
 
 def run_child(
@@ -313,55 +387,13 @@ def run_child(
     Start other threads in `on_started`, not before: `preexec_fn` is only safe to fork from a
     process that runs no other thread.
     """
-    stderr_path = workdir / "stderr.log"
-    child_env = child_environment(workdir, env)
-    with stderr_path.open("w") as stderr:
-        try:
-            proc = subprocess.Popen(
-                sandbox.wrap(cmd, workdir, child_env.get("PYTHONPATH")),
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                env=child_env,
-                start_new_session=True,
-                preexec_fn=_apply_limits(limits),
-            )
-        except OSError as exc:
-            return ChildResult(127, f"cannot start the tuner ({cmd[0]}): {exc}")
-        reader = threading.Thread(
-            target=_relay, args=(proc.stdout, on_progress, redact), daemon=True
-        )
-        reader.start()
-        if on_started is not None:
-            on_started()
-        timed_out = was_cancelled = False
-        deadline = time.monotonic() + limits.wall_s
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                timed_out = True
-            elif cancelled():
-                was_cancelled = True
-            if timed_out or was_cancelled:
-                _kill_group(proc)
-                proc.wait()
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.2)
-        _kill_group(proc)  # anything the child left running in its group
-        reader.join(timeout=5)
-    code = proc.returncode
-    if code == 0 and not (timed_out or was_cancelled):
-        return ChildResult(0, None)
-    if timed_out:
-        error = f"tuning timed out after {limits.wall_s:g}s and was killed"
-    elif was_cancelled:
-        error = "tuning was cancelled"
-    else:
-        tail = _tail(stderr_path)
-        detail = error_line(redact(tail, len(tail) + len(REDACTED) * 64))
-        error = detail if detail and code > 0 else f"tuner {_describe_exit(code)}"
-        if detail and code < 0:
-            error = f"tuner {_describe_exit(code)}: {detail}"
-    return ChildResult(code, redact(error, MAX_ERROR_CHARS), timed_out, was_cancelled)
+    try:
+        proc = spawn_child(cmd, limits, workdir, env, sandbox)
+    except OSError as exc:
+        return ChildResult(127, f"cannot start the tuner ({cmd[0]}): {exc}")
+    reader = threading.Thread(target=_relay, args=(proc.stdout, on_progress, redact), daemon=True)
+    reader.start()
+    if on_started is not None:
+        on_started()
+    deadline = time.monotonic() + limits.wall_s
+    return wait_child(proc, limits, workdir, deadline, cancelled, reader, redact)
