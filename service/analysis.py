@@ -34,6 +34,7 @@ from service.check_folder import CheckFolder
 from service.core.config import Settings
 from service.warm_checkers import WarmCheckers, WarmChild
 from tuner.contract.exit_codes import ExitCode
+from tuner.host.child_env import fxtune_python_path
 from tuner.host.sandbox import (
     ChildResult,
     Limits,
@@ -161,7 +162,7 @@ class ProgramAnalysis:
 
     @staticmethod
     def _env() -> dict[str, str]:
-        return {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+        return {"PYTHONPATH": fxtune_python_path(os.environ.get("PYTHONPATH"))}
 
     def _spawn_warm(self) -> tuple[subprocess.Popen[str], CheckFolder]:
         folder = CheckFolder(self.root, "warm-")

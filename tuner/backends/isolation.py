@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.contract.errors import FxtuneError
+from tuner.host.child_env import fxtune_python_path
 
 
 class CompileOverrun(FxtuneError):
@@ -66,13 +67,9 @@ class ChildCompile:
     compile_s: float  # of which compiling (the rest: starting Python, importing torch)
 
 
-def _tuner_root() -> str:
-    return str(Path(__file__).resolve().parents[1])
-
-
 def _child_env(scratch: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_tuner_root(), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = fxtune_python_path(env.get("PYTHONPATH"))
     # inductor's default cache folder, as it would be without the child's own TMPDIR
     user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
     default_cache = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")

@@ -130,3 +130,12 @@ class Redactor:
         if limit is not None and len(text) > limit:
             text = text[: limit - 3] + "..."
         return text
+
+
+def fxtune_python_path(existing: str | None = None) -> str:
+    """A PYTHONPATH under which a child imports this very fxtune: the folder holding the running
+    `tuner` package first, then `existing`. Otherwise whatever install the interpreter finds
+    first (an editable install of another checkout, an older wheel) would check or compile
+    with other code than the parent's."""
+    root = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(p for p in (root, existing) if p)
