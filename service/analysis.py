@@ -50,6 +50,7 @@ log = logging.getLogger("fxtune.service")
 AnalysisSandbox = Literal["auto", "bwrap", "none"]
 INSPECT = "tuner.checks.inspect"
 RESULT = "result.json"
+MAX_RESULT_BYTES = 1 << 20
 
 
 class UnloadableProgram(ValueError):
@@ -95,7 +96,15 @@ def _argv(args: list[str], placed: dict[str, str]) -> list[str]:
 
 
 def _answer(done: ChildResult, folder: CheckFolder) -> dict[str, Any] | None:
-    return json.loads((folder.path / RESULT).read_text()) if done.ok else None
+    """The child's JSON answer, read only up to MAX_RESULT_BYTES: a subverted child could write
+    any amount, and an answer is a fingerprint and a few figures."""
+    if not done.ok:
+        return None
+    with (folder.path / RESULT).open("rb") as f:
+        raw = f.read(MAX_RESULT_BYTES + 1)
+    if len(raw) > MAX_RESULT_BYTES:
+        raise UnloadableProgram(f"the check's answer is over {MAX_RESULT_BYTES} bytes: refused")
+    return json.loads(raw)
 
 
 def program_analysis(settings: Settings) -> ProgramAnalysis:

@@ -3,7 +3,7 @@
 `python -m tests.service.fake_inspect fingerprint PROGRAM --out R.json` (cold) or `... warm`
 (the real `tuner.checks.warm` protocol). The program file's text says what to do: `sleep`
 (overrun every limit), `crash` (SIGSEGV), `refuse` (exit 3 with an `error:` line), `edit` (try
-to write to the file it checks), anything else: answer with a fingerprint naming the text and
+to write to the file it checks), `huge` (an answer of 8 MiB), anything else: answer with a fingerprint naming the text and
 this process's id, as the child sees it.
 """
 
@@ -30,6 +30,9 @@ def run(argv: list[str]) -> int:
     elif what == "refuse":
         print("error: refused: the fake says no", file=sys.stderr)
         return 3
+    elif what == "huge":
+        Path(out).write_text(json.dumps({"fingerprint": "x" * (8 << 20)}))
+        return 0
     elif what == "edit":
         try:
             Path(program).write_text("edited")

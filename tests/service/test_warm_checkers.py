@@ -154,6 +154,12 @@ def test_a_misbehaving_warm_child_fails_as_a_cold_one_and_the_next_check_works(
     assert warm.recent[-1].warm and warm.recent[-1].was_ready
 
 
+def test_an_answer_past_the_cap_is_refused_unread(cold: ProgramAnalysis, tmp_path: Path) -> None:
+    """A subverted child may write any amount; the service reads at most MAX_RESULT_BYTES."""
+    assert "over 1048576 bytes" in error_of(cold, program(tmp_path, "huge"))
+    assert cold.fingerprint(program(tmp_path, "small")) == "small"  # control: an answer is read
+
+
 def test_a_warm_child_that_died_before_its_job_leaves_the_check_to_a_cold_one(
     warm: ProgramAnalysis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
