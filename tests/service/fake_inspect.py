@@ -3,8 +3,8 @@
 `python -m tests.service.fake_inspect fingerprint PROGRAM --out R.json` (cold) or `... warm`
 (the real `tuner.checks.warm` protocol). The program file's text says what to do: `sleep`
 (overrun every limit), `crash` (SIGSEGV), `refuse` (exit 3 with an `error:` line), `edit` (try
-to write to the file it checks), `huge` (an answer of 8 MiB), anything else: answer with a fingerprint naming the text and
-this process's id, as the child sees it.
+to write to the file it checks), `huge` (an answer of 8 MiB), anything else: answer with a
+fingerprint naming the text and this process's id, as the child sees it.
 """
 
 from __future__ import annotations
