@@ -20,7 +20,7 @@ from tuner.graph.capture import Inputs, export_module, to_graph_module
 from tuner.measure.timing import fresh_inputs
 from tuner.passes import get_pass
 from tuner.passes.apply import apply_steps
-from tuner.search.decisions import DecisionCache
+from tuner.search.decisions import DecisionCache, JsonDecisionCache
 from tuner.search.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.search.site_search import FORWARD, FORWARD_BACKWARD, SearchSettings, SiteRun, SiteSearch
 from tuner.training.step import ReferenceSteps, check_site_step, eager_runner, site_step, wants_grad
@@ -44,7 +44,7 @@ def test_a_forward_identical_site_rewrite_that_halves_a_gradient_is_rejected_unt
     tmp_path: Path,
 ) -> None:
     gm, x = _relu_net()
-    cache = DecisionCache(tmp_path / "cache.json")
+    cache = JsonDecisionCache(tmp_path / "cache.json")
     with registered(HalfGradRelu):
         # The control: judged on its forward alone, the planted rewrite passes and is timed.
         forward = _search(FORWARD, cache).run(copy.deepcopy(gm), x)

@@ -60,7 +60,7 @@ from tuner.passes import pass_names
 from tuner.passes.apply import Transformed, apply_steps
 from tuner.search.across_sizes import combined_verdict, size_figures
 from tuner.search.buckets import ORIGINAL, Plan, bucket_dim, plan_buckets, to_bucket
-from tuner.search.decisions import DecisionCache
+from tuner.search.decisions import open_decision_cache
 from tuner.search.site_search import SITE_RUNS, Progress, SearchResult, SearchSettings, SiteSearch
 
 # A compile is started only if its estimate leaves this much of the budget for timing it.
@@ -233,7 +233,7 @@ class Tuner:
             raise ValueError("Tuner needs a work folder: open a tuning_session(options) first")
         self.options = options
         self.hardware = describe(self.device)
-        self.cache = DecisionCache(options.cache_path)
+        self.cache = open_decision_cache(options.cache_path)
         self.hardware_key = hardware_key(self.hardware)
         self.compile_times = CompileTimes.for_cache(options.cache_path)
         self.samples: dict[str, dict[str, list[float]]] = {}
