@@ -72,7 +72,7 @@ def test_cli_prints_a_candidate_timed_in_too_few_rounds(
     """The issue's crash: (0.0, None) was formatted with :.2f after the outputs were written."""
     real = measure.compare
     monkeypatch.setattr(
-        "tuner.tuning.tuner.compare", lambda *a, **k: real(*a, **{**k, "max_rounds": 3})
+        "tuner.tuning.judge.compare", lambda *a, **k: real(*a, **{**k, "max_rounds": 3})
     )
     program = export_module(SplitNormTanh(n=8).eval(), (torch.randn(16, 128),))
     model = save_program(program, tmp_path / "m.pt2")

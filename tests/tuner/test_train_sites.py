@@ -24,8 +24,8 @@ from tuner.search.decisions import DecisionCache, JsonDecisionCache
 from tuner.search.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.search.site_search import FORWARD, FORWARD_BACKWARD, SearchSettings, SiteRun, SiteSearch
 from tuner.training.step import ReferenceSteps, check_site_step, eager_runner, site_step, wants_grad
-from tuner.tuning.train import TrainTuner
-from tuner.tuning.tuner import TuneOptions, tune_program, tuning_session
+from tuner.tuning.train import TrainingStep
+from tuner.tuning.tuner import TuneOptions, Tuner, tune_program, tuning_session
 
 
 def _relu_net() -> tuple[torch.fx.GraphModule, Inputs]:
@@ -132,7 +132,9 @@ def test_winning_sites_are_a_whole_model_candidate_under_each_backend(tmp_path: 
     won = [PassStep(pass_name=site.pass_name, sites=[site.id])]
     options = TuneOptions(mode="train", backends=["eager", "compile"], workdir=tmp_path)
     with tuning_session(options) as session:
-        candidates = TrainTuner(session)._candidates(gm, inputs, won, every)
+        kind = Tuner(session).kind
+        assert isinstance(kind, TrainingStep)
+        candidates = kind.candidates(gm, inputs, won, every)
     by_name = {c.name: c for c in candidates}
     for backend in ("eager", "compile"):
         cand = by_name[f"{backend} + winning sites"]

@@ -10,8 +10,8 @@ sites: those covering the most of the model's time are measured first, so a shor
 where it can matter, and a site whose copies together cover less than `noise_share` of the model's
 time is not timed at all (rewriting it could not move the model beyond noise); its decision says so.
 
-What one run of a site is comes from `SearchSettings.run` (`SITE_RUNS`, by tuning mode): its
-forward for inference; for a training step, its forward and
+What one run of a site is comes from `SearchSettings.run` (the tuning mode's step kind gives it,
+`tuner.tuning.step_kind`): its forward for inference; for a training step, its forward and
 backward (`tuner.training.step.site_step`), since a rewrite that speeds up the forward can slow
 down the backward, and a rewrite must then keep the site's gradients as well as its outputs.
 Everything else (chaining, identical sites, the cache, the never-worse verdict) is the same
@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import fx
 
-from tuner.contract.config import Mode, PassStep, Refusal, SiteDecision, Verdict
+from tuner.contract.config import PassStep, Refusal, SiteDecision, Verdict
 from tuner.contract.device import CPU, Device
 from tuner.graph.capture import Inputs, refresh_meta
 from tuner.graph.sites import Site
@@ -88,8 +88,6 @@ FORWARD = SiteRun("forward", _forward_check, lambda m, a: lambda: m(*a))
 FORWARD_BACKWARD = SiteRun(
     "forward+backward", _training_check, site_step, grad=True, cache_tag="+backward"
 )
-# By tuning mode.
-SITE_RUNS: dict[Mode, SiteRun] = {"infer": FORWARD, "train": FORWARD_BACKWARD}
 
 
 @dataclass
