@@ -153,3 +153,29 @@ def test_an_unreadable_file_is_ignored_with_a_reason(tmp_path: Path) -> None:
 def _key(text: str) -> DecisionKey:
     hardware, backend, version, site = text.split("::")
     return DecisionKey(hardware, backend, version, site)
+
+
+def test_why_stored_decisions_were_not_used_reaches_the_config(tmp_path: Path) -> None:
+    import torch
+
+    from tuner.search.site_search import SearchResult
+    from tuner.tuning.choose import original
+    from tuner.tuning.options import TuneOptions
+    from tuner.tuning.run import Captured, TuningRun
+    from tuner.tuning.tuned_config import tuned_config
+    from tuner.tuning.verify import unchanged
+
+    def config_of(path: Path) -> dict:
+        run = TuningRun.open(TuneOptions(cache_path=path, workdir=tmp_path))
+        gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        captured = Captured(gm, (torch.randn(2),), None, [])
+        fig, cand = original(captured, Verdict.WITHIN_NOISE, "nothing to do")
+        verified = unchanged(captured, fig, cand, gm)
+        search = SearchResult(gm, captured.inputs)
+        return tuned_config(run, "infer", "f", captured, search, [fig], verified).tuning
+
+    path = tmp_path / "decisions.json"
+    path.write_text(json.dumps({**OLD_FILE, "k": {"verdict": 7}}))
+    assert "1 of 3 entries of decisions.json" in config_of(path)["cache_ignored"][0]
+    path.write_text(json.dumps(OLD_FILE))
+    assert config_of(path)["cache_ignored"] == []
