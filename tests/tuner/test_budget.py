@@ -116,7 +116,7 @@ def test_a_candidate_whose_output_check_would_overrun_is_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A BERT-base here spent 61 s checking one candidate's outputs with 3 s of budget left."""
-    monkeypatch.setattr("tuner.tuning.tuner.quick_per_call_s", lambda fn, repeats=3: 1.0)  # 1 s
+    monkeypatch.setattr("tuner.tuning.budget.quick_per_call_s", lambda fn, repeats=3: 1.0)  # 1 s
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(budget_s=10, backends=["eager"], cache_path=tmp_path / "c.json")
     started = time.monotonic()

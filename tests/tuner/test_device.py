@@ -125,4 +125,4 @@ def test_tuner_measures_on_the_indexed_gpu(tmp_path: Path) -> None:
     last = f"cuda:{torch.cuda.device_count() - 1}"
     tiny_program(tmp_path / "m.pt2")
     tuner = Tuner(TuneOptions(device=last, budget_s=5))
-    assert str(tuner.contract.device) == last and tuner.host.hardware["device"] == last
+    assert str(tuner.run.device) == last and tuner.run.hardware["device"] == last

@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 
-from tuner.contract.config import TunedConfig
+from tuner.contract.config import TunedConfig, Verdict
 from tuner.distributed.config import DistributedReportError, rank_config
+from tuner.distributed.tune import OUTPUTS_DIFFER
+from tuner.measure.verdicts import Comparison, verdict
+from tuner.search.site_decision import site_decision
 
 FIGURES = {
     "sequential_step_us": 1300.0,
@@ -99,3 +102,49 @@ def test_a_report_that_does_not_fit_is_refused(break_it: Any) -> None:
 def test_a_rank_outside_the_world_is_refused() -> None:
     with pytest.raises(DistributedReportError):
         rank_config(report(), 2)
+
+
+def _lockstep_comparison() -> Comparison:
+    base = [1.3e-3 + i * 1e-6 for i in range(20)]
+    cand = [1.1e-3 + i * 1e-6 for i in range(20)]
+    return Comparison(base, cand, 1.18, 1.1, 1.25, 20, "narrow")
+
+
+def test_a_report_of_site_decisions_reads_as_an_old_report_does() -> None:
+    """Sites are the search's `SiteDecision` records (with the old fields beside them); a report
+    written before, with only the old fields, reads into the same config."""
+    c = _lockstep_comparison()
+    decision = site_decision("overlap_comm_compute", "s1", "a2a", verdict(c, 0.02), c)
+    assert decision.verdict == Verdict.FASTER and decision.accepted
+    old, new = report(), report()
+    old["sites"][0]["comparison"] = c.to_dict()
+    new["sites"][0] = decision.model_dump(mode="json", by_alias=True) | {
+        "site": "s1",
+        "max_abs_diff_this_rank": 0.0,
+        "comparison": c.to_dict(),
+        "per_rank": copy.deepcopy(PER_RANK),
+    }
+    old_config, new_config = rank_config(old, 0), rank_config(new, 0)
+    assert new_config["sites"] == old_config["sites"]
+    assert new_config["whole_model"] == old_config["whole_model"]
+    assert TunedConfig.model_validate(new_config).sites[0] == decision
+    # The control: a decision that differs from the old fields is what the config says.
+    new["sites"][0]["speedup"] = 9.0
+    assert rank_config(new, 0)["sites"][0]["speedup"] == 9.0 != old_config["sites"][0]["speedup"]
+
+
+def test_a_site_whose_outputs_differ_is_a_wrong_outputs_decision() -> None:
+    wrong = site_decision(
+        "overlap_comm_compute", "s1", "a2a", Verdict.WRONG_OUTPUTS, reason=OUTPUTS_DIFFER
+    )
+    broken = report("x", False)
+    broken["sites"][0] = wrong.model_dump(mode="json", by_alias=True) | {
+        "site": "s1",
+        "max_abs_diff_this_rank": 0.5,
+    }
+    config = TunedConfig.model_validate(rank_config(broken, 0))
+    assert config.sites[0].reason == OUTPUTS_DIFFER and not config.verification.passed
+    assert config.passes == [] and config.whole_model.name == "original"
+    broken["sites"][0]["verdict"] = "outputs differ"  # not a Verdict: refused, not stored
+    with pytest.raises(DistributedReportError, match="not a decision"):
+        rank_config(broken, 0)

@@ -25,8 +25,9 @@ from tuner.graph.fingerprint import model_fingerprint
 from tuner.loading.load import load_program
 from tuner.passes import pass_names
 from tuner.passes.apply import apply_passes
+from tuner.tuning.candidates import steps_from_sites
 from tuner.tuning.outputs import write_outputs
-from tuner.tuning.tuner import TuneOptions, _steps_from_sites, tune_program
+from tuner.tuning.tuner import TuneOptions, tune_program
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
 
@@ -180,7 +181,7 @@ def _combined_config(program: Any, done: Any) -> dict[str, Any]:
     """The config a run that kept both passes writes (on an accelerator, where one copy of two
     inputs beats one per feature; on this CPU the combined inputs alone measure slower)."""
     doc = fake_config(model_fingerprint(program))
-    steps = [{"pass": s.pass_name, "sites": s.sites} for s in _steps_from_sites(done.applied)]
+    steps = [{"pass": s.pass_name, "sites": s.sites} for s in steps_from_sites(done.applied)]
     doc["passes"] = doc["whole_model"]["passes"] = steps
     return {**doc, "changes_inputs": True}
 

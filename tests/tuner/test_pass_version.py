@@ -14,11 +14,12 @@ import torch
 
 import tuner.passes.source_digest
 from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, registered
+from tuner.contract.config import SiteDecision, Verdict
 from tuner.graph.capture import export_module, to_graph_module
 from tuner.passes import get_pass
 from tuner.passes.base import _code_digest
 from tuner.passes.source_digest import module_closure, source_digest
-from tuner.search.decisions import DecisionCache
+from tuner.search.decisions import DecisionCache, DecisionKey, JsonDecisionCache
 from tuner.search.site_search import SearchResult, SearchSettings, SiteSearch
 
 
@@ -115,14 +116,39 @@ def test_a_cache_from_another_torch_is_not_used(
             other = SlowRelu.version()
         _code_digest.cache_clear()
         assert other != current
-        # What that torch's fxtune cached, in a shape this one would choke on if it read it.
+        # What that torch's fxtune cached: a well-formed decision this one must not reuse.
         sites = SlowRelu().find_sites(to_graph_module(_relu_program()))
-        old = {DecisionCache.key("test", "eager", other, s.id): {"verdict": 7} for s in sites}
+        old = {
+            str(DecisionKey("test", "eager", other, s.id)): _faster(s.pass_name, s.id)
+            for s in sites
+        }
         path.write_text(json.dumps(old))
-        cache = DecisionCache(path)
+        cache = JsonDecisionCache(path)
+        assert cache.ignored == []  # it loads: the version in the key keeps it out
         result = _search(cache)
     assert cache.hits == 0 and result.timed == 1
     assert result.decisions[0].verdict == "slower"
+    # The control: under this torch's version, the same record is what the search uses.
+    path.write_text(json.dumps({k.replace(other, current): v for k, v in old.items()}))
+    with registered(SlowRelu):
+        cache = JsonDecisionCache(path)
+        result = _search(cache)
+    assert cache.hits == 1 and result.timed == 0
+    assert result.decisions[0].verdict == "faster"
+
+
+def _faster(pass_name: str, site_id: str) -> dict:
+    decision = SiteDecision(
+        pass_name=pass_name,
+        site_id=site_id,
+        summary="relu",
+        verdict=Verdict.FASTER,
+        accepted=True,
+        speedup=2.0,
+        ci=(1.9, 2.1),
+        rounds=10,
+    )
+    return decision.model_dump(mode="json", by_alias=True)
 
 
 def _relu_program() -> torch.export.ExportedProgram:
@@ -133,4 +159,6 @@ def _relu_program() -> torch.export.ExportedProgram:
 def test_a_cache_file_of_another_shape_is_ignored(tmp_path: Path, text: str) -> None:
     path = tmp_path / "decisions.json"
     path.write_text(text)
-    assert DecisionCache(path).get("k") is None
+    cache = JsonDecisionCache(path)
+    assert cache.get(DecisionKey("h", "eager", "v", "k")) is None
+    assert cache.ignored and "decisions.json" in cache.ignored[0]

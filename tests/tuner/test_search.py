@@ -10,7 +10,7 @@ from torch import nn
 
 from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, WrongRelu, registered
 from tuner.graph.capture import export_module, to_graph_module
-from tuner.search.decisions import DecisionCache
+from tuner.search.decisions import DecisionCache, JsonDecisionCache, MemoryDecisionCache
 from tuner.search.site_search import SearchResult, SearchSettings, SiteSearch
 
 
@@ -18,7 +18,7 @@ def _search(passes: list[str], cache: DecisionCache | None = None) -> SearchResu
     inputs = (torch.randn(256, 64),)
     gm = to_graph_module(export_module(ReluNet().eval(), inputs))
     settings = SearchSettings(passes=passes, site_budget_s=1.0, hardware_key="test")
-    return SiteSearch(settings, cache or DecisionCache(None)).run(copy.deepcopy(gm), inputs)
+    return SiteSearch(settings, cache or MemoryDecisionCache()).run(copy.deepcopy(gm), inputs)
 
 
 def test_slow_rewrite_is_rejected_by_measurement() -> None:
@@ -48,8 +48,8 @@ def test_wrong_rewrite_is_rejected_before_timing() -> None:
 def test_cached_decisions_are_reused(tmp_path: Path) -> None:
     cache_file = tmp_path / "cache.json"
     with registered(SlowRelu):
-        first = _search(["test_slow_relu"], DecisionCache(cache_file))
-        second_cache = DecisionCache(cache_file)
+        first = _search(["test_slow_relu"], JsonDecisionCache(cache_file))
+        second_cache = JsonDecisionCache(cache_file)
         second = _search(["test_slow_relu"], second_cache)
     assert first.timed == 1 and second.timed == 0
     assert second_cache.hits == 1
@@ -85,7 +85,7 @@ def _profiled_search(module: nn.Module, inputs: tuple) -> SearchResult:
     settings = SearchSettings(
         passes=["test_slow_relu"], site_budget_s=0.5, hardware_key="test", noise_share=0.005
     )
-    return SiteSearch(settings, DecisionCache(None)).run(copy.deepcopy(gm), inputs)
+    return SiteSearch(settings, MemoryDecisionCache()).run(copy.deepcopy(gm), inputs)
 
 
 def test_a_site_below_the_noise_share_is_reported_not_timed() -> None:

@@ -51,7 +51,7 @@ def test_whole_model_candidates_always_include_the_plain_peers(tmp_path: Path) -
     inputs = (torch.randn(8, 64),)
     options = TuneOptions(passes=["fuse_horizontal_layernorm"], cache_path=tmp_path / "c.json")
     with tuning_session(options) as session:
-        names = [c.name for c in Tuner(session)._candidates(gm, inputs, [], session.passes)]
+        names = [c.name for c in Tuner(session).kind.candidates(gm, inputs, [], session.passes)]
     assert names[:2] == ["inductor", "compile"]
     assert "eager + every pass" in names
 

@@ -13,7 +13,7 @@ from tuner.graph.capture import export_module, to_graph_module
 from tuner.measure import timing as measure
 from tuner.measure.timing import quick_per_call_s
 from tuner.measure.verdicts import Comparison
-from tuner.search.decisions import DecisionCache
+from tuner.search.decisions import DecisionCache, MemoryDecisionCache
 from tuner.search.site_search import SearchSettings, SiteSearch
 
 
@@ -42,7 +42,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], in
     settings = SearchSettings(
         passes=["fuse_horizontal_layernorm"], model_time_s=quick_per_call_s(lambda: gm(x))
     )
-    cache = DecisionCache(None)
+    cache = MemoryDecisionCache()
     result = SiteSearch(settings, cache).run(copy.deepcopy(gm), (x,))
     return result.decisions, calls, cache
 
@@ -57,7 +57,7 @@ def test_a_site_slower_than_its_model_twice_is_not_trusted(
     assert d.inconsistent is not None and "> model" in d.inconsistent
     assert "inconsistent: site baseline" in (d.reason or "")
     assert "not trusted" in (d.reason or "")
-    assert not cache._entries  # re-measured next run, not remembered
+    assert not cache.records()  # re-measured next run, not remembered
 
 
 def test_a_site_consistent_when_re_measured_keeps_the_second_verdict(

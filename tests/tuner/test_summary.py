@@ -12,18 +12,23 @@ from typer.testing import CliRunner
 
 from fxtune_cli import app
 from tests.tuner.test_tune import SplitNormTanh
-from tuner.contract.config import TunedConfig
+from tuner.contract.config import SiteDecision, TunedConfig, Verdict
 from tuner.graph.capture import export_module, save_program
 from tuner.graph.sites import Site, make_site
 from tuner.measure import timing as measure
 from tuner.measure.summary import format_interval, summarize
 from tuner.measure.verdicts import Comparison, timing_fields, verdict
-from tuner.search.site_search import _decision
+from tuner.search.site_decision import site_decision
 
 
 def _site() -> Site:
     gm = torch.fx.symbolic_trace(torch.nn.ReLU())
     return make_site("p", [n for n in gm.graph.nodes if n.op == "call_function"], "relu")
+
+
+def _decision(c: Comparison) -> SiteDecision:
+    site = _site()
+    return site_decision(site.pass_name, site.id, site.summary, Verdict.FASTER, c)
 
 
 def _comparison(base: list[float], cand: list[float]) -> Comparison:
@@ -38,12 +43,12 @@ def test_a_non_finite_sample_drops_its_whole_round_everywhere() -> None:
     assert (s.rounds, s.dropped, s.baseline_s, s.speedup) == (4, 5, 2.0, 2.0)
     assert c.to_dict()["baseline_median_s"] == 2.0
     assert timing_fields(c)["baseline_s"] == 2.0
-    assert _decision(_site(), 1, "faster", c)["baseline_s"] == 2.0  # was the upper median: inf
+    assert _decision(c).baseline_s == 2.0  # was the upper median: inf
 
 
 def test_medians_are_the_median_not_the_upper_one() -> None:
     c = _comparison([1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0])
-    assert _decision(_site(), 1, "faster", c)["baseline_s"] == 2.5
+    assert _decision(c).baseline_s == 2.5
 
 
 def test_too_few_rounds_leave_both_sides_open() -> None:
@@ -67,7 +72,7 @@ def test_cli_prints_a_candidate_timed_in_too_few_rounds(
     """The issue's crash: (0.0, None) was formatted with :.2f after the outputs were written."""
     real = measure.compare
     monkeypatch.setattr(
-        "tuner.tuning.tuner.compare", lambda *a, **k: real(*a, **{**k, "max_rounds": 3})
+        "tuner.tuning.judge.compare", lambda *a, **k: real(*a, **{**k, "max_rounds": 3})
     )
     program = export_module(SplitNormTanh(n=8).eval(), (torch.randn(16, 128),))
     model = save_program(program, tmp_path / "m.pt2")

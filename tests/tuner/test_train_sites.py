@@ -20,12 +20,12 @@ from tuner.graph.capture import Inputs, export_module, to_graph_module
 from tuner.measure.inputs import fresh_inputs
 from tuner.passes import get_pass
 from tuner.passes.apply import apply_steps
-from tuner.search.decisions import DecisionCache
+from tuner.search.decisions import DecisionCache, JsonDecisionCache
 from tuner.search.extract import external_inputs, extract_site, find_same_site, record_values
 from tuner.search.site_search import FORWARD, FORWARD_BACKWARD, SearchSettings, SiteRun, SiteSearch
 from tuner.training.step import ReferenceSteps, check_site_step, eager_runner, site_step, wants_grad
-from tuner.tuning.train import TrainTuner
-from tuner.tuning.tuner import TuneOptions, tune_program, tuning_session
+from tuner.tuning.train import TrainingStep
+from tuner.tuning.tuner import TuneOptions, Tuner, tune_program, tuning_session
 
 
 def _relu_net() -> tuple[torch.fx.GraphModule, Inputs]:
@@ -44,7 +44,7 @@ def test_a_forward_identical_site_rewrite_that_halves_a_gradient_is_rejected_unt
     tmp_path: Path,
 ) -> None:
     gm, x = _relu_net()
-    cache = DecisionCache(tmp_path / "cache.json")
+    cache = JsonDecisionCache(tmp_path / "cache.json")
     with registered(HalfGradRelu):
         # The control: judged on its forward alone, the planted rewrite passes and is timed.
         forward = _search(FORWARD, cache).run(copy.deepcopy(gm), x)
@@ -132,7 +132,9 @@ def test_winning_sites_are_a_whole_model_candidate_under_each_backend(tmp_path: 
     won = [PassStep(pass_name=site.pass_name, sites=[site.id])]
     options = TuneOptions(mode="train", backends=["eager", "compile"], workdir=tmp_path)
     with tuning_session(options) as session:
-        candidates = TrainTuner(session)._candidates(gm, inputs, won, every)
+        kind = Tuner(session).kind
+        assert isinstance(kind, TrainingStep)
+        candidates = kind.candidates(gm, inputs, won, every)
     by_name = {c.name: c for c in candidates}
     for backend in ("eager", "compile"):
         cand = by_name[f"{backend} + winning sites"]

@@ -6,6 +6,7 @@ replaying a config on a program is `tuner.deploy.replay`.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,9 +24,19 @@ Interval = tuple[float | None, float | None]
 
 Mode = Literal["infer", "train"]
 
-Verdict = Literal[
-    "faster", "slower", "within noise", "wrong outputs", "failed to run", "crashed", "not measured"
-]
+
+class Verdict(StrEnum):
+    """What a measurement concluded. A `StrEnum`: each member is its JSON string, so configs
+    written when this was a `Literal` load unchanged, and readers that compare strings (the
+    service, the dashboard) keep working."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    WITHIN_NOISE = "within noise"
+    WRONG_OUTPUTS = "wrong outputs"
+    FAILED_TO_RUN = "failed to run"
+    CRASHED = "crashed"
+    NOT_MEASURED = "not measured"
 
 
 class Refusal(BaseModel):
@@ -47,7 +58,7 @@ class SizeFigures(BaseModel):
     speedup: float | None = None
     ci: Interval | None = None
     rounds: int = 0
-    verdict: Verdict = "not measured"
+    verdict: Verdict = Verdict.NOT_MEASURED
     reason: str | None = None
 
 

@@ -6,17 +6,24 @@ of that schema: its site decisions (the same on every rank: rank 0 decided), the
 `passes`, and as whole-model figures the lockstep A/B of the slowest rank. The world size and
 the per-rank figures (figure 5 and the per-rank medians) travel in the config's `distributed`
 section, which older readers ignore.
+
+A report's sites are `SiteDecision` records with the report's own fields beside them
+(`tuner.distributed.tune`); a report written before that carries only the report's fields
+(`site`, `verdict` in its own wording, `comparison`), which are read into the same record.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tuner.contract.config import TunedConfig
+from pydantic import ValidationError
+
+from tuner.contract.config import Figures, PassStep, SiteDecision, TunedConfig, Verdict
 
 REPORT_VERSION = 1
 ORIGINAL = "original"  # the name the tuner gives the untouched program when nothing beat it
-VERDICTS = {"outputs differ": "wrong outputs"}  # distributed wording -> the config's Verdict
+# Wording of reports written before sites were `SiteDecision`s -> the config's Verdict.
+VERDICTS = {"outputs differ": Verdict.WRONG_OUTPUTS}
 
 
 class DistributedReportError(ValueError):
@@ -30,38 +37,36 @@ def _need(report: dict[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _site(pass_name: str, s: dict[str, Any]) -> dict[str, Any]:
+def _site(pass_name: str, s: dict[str, Any]) -> SiteDecision:
+    """A report's site as the config's record."""
+    if "site_id" in s:
+        return SiteDecision.model_validate(s)
     c = s.get("comparison") or {}
-    return {
-        "pass": pass_name,
-        "site_id": str(s["site"]),
-        "summary": str(s.get("summary", "")),
-        "accepted": bool(s["accepted"]),
-        "verdict": VERDICTS.get(s["verdict"], s["verdict"]),
-        "baseline_s": c.get("baseline_median_s"),
-        "candidate_s": c.get("candidate_median_s"),
-        "speedup": c.get("speedup"),
-        "ci": (c["ci_low"], c["ci_high"]) if c else None,
-        "rounds": c.get("rounds", 0),
-    }
+    return SiteDecision(
+        pass_name=pass_name,
+        site_id=str(s["site"]),
+        summary=str(s.get("summary", "")),
+        accepted=bool(s["accepted"]),
+        verdict=VERDICTS.get(s["verdict"], s["verdict"]),
+        baseline_s=c.get("baseline_median_s"),
+        candidate_s=c.get("candidate_median_s"),
+        speedup=c.get("speedup"),
+        ci=(c["ci_low"], c["ci_high"]) if c else None,
+        rounds=c.get("rounds", 0),
+    )
 
 
-def _whole(sites: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def _whole(sites: list[SiteDecision], steps: list[PassStep]) -> Figures:
     """One measured site: its lockstep A/B is the whole program's (the only rewrite)."""
-    accepted = any(s["accepted"] for s in sites)
-    figures: dict[str, Any] = {
-        "name": "overlap_comm_compute" if accepted else ORIGINAL,
-        "backend": "eager",
-        "passes": steps,
-        "verdict": "not measured",
-    }
-    measured = [s for s in sites if s["rounds"]]
+    accepted = any(s.accepted for s in sites)
+    name = "overlap_comm_compute" if accepted else ORIGINAL
+    figures = Figures(name=name, backend="eager", passes=steps, verdict=Verdict.NOT_MEASURED)
+    measured = [s for s in sites if s.rounds]
     if len(measured) == 1:
-        s = measured[0]
-        keys = ("baseline_s", "candidate_s", "speedup", "ci", "rounds", "verdict")
-        figures |= {k: s[k] for k in keys}
-    elif accepted:
-        figures["verdict"] = "faster"  # every accepted site cleared its interval on its own
+        keys = {"baseline_s", "candidate_s", "speedup", "ci", "rounds", "verdict"}
+        return figures.model_copy(update=measured[0].model_dump(include=keys))
+    if accepted:  # every accepted site cleared its interval on its own
+        return figures.model_copy(update={"verdict": Verdict.FASTER})
     return figures
 
 
@@ -81,29 +86,32 @@ def rank_config(report: dict[str, Any], rank: int) -> dict[str, Any]:
         sites = [_site(pass_name, s) for s in raw_sites]
     except (KeyError, TypeError) as exc:
         raise DistributedReportError(f"distributed report site lacks {exc}") from None
+    except ValidationError as exc:
+        raise DistributedReportError(f"distributed report site is not a decision: {exc}") from None
     for what, per_rank in [("overlap_profile", profile.get("per_rank"))] + [
         (f"site {s.get('site')}", s["per_rank"]) for s in raw_sites if "per_rank" in s
     ]:
         if per_rank is not None and len(per_rank) != world_size:
             raise DistributedReportError(f"{what} has figures for {len(per_rank)} ranks")
-    accepted = [s["site_id"] for s in sites if s["accepted"]]
-    steps = [{"pass": pass_name, "sites": accepted}] if accepted else []
+    accepted = [s.site_id for s in sites if s.accepted]
+    steps = [PassStep(pass_name=pass_name, sites=accepted)] if accepted else []
+    whole = _whole(sites, steps)
     diffs = [s.get("max_abs_diff_this_rank") for s in raw_sites if s.get("comparison")]
     config = {
         "model_fingerprint": _need(report, "model_fingerprint", str),
         "hardware": _need(report, "hardware", dict),
         "backend": "eager",
-        "passes": steps,
-        "sites": sites,
-        "whole_model": (whole := _whole(sites, steps)),
-        "candidates": [whole],
+        "passes": [p.model_dump(mode="json", by_alias=True) for p in steps],
+        "sites": [s.model_dump(mode="json", by_alias=True) for s in sites],
+        "whole_model": whole.model_dump(mode="json", by_alias=True),
+        "candidates": [whole.model_dump(mode="json", by_alias=True)],
         "verification": {
             "inputs": (report.get("options") or {}).get("check_inputs", 0),
             # Rank 0's own worst difference (the report is rank 0's); every rank's check passed
             # for a measured site, since a failed check anywhere stops its timing everywhere.
             "max_abs_error": max(diffs) if diffs and rank == 0 else None,
             "max_rel_error": None,
-            "passed": all(s["verdict"] != "wrong outputs" for s in sites),
+            "passed": all(s.verdict != Verdict.WRONG_OUTPUTS for s in sites),
         },
         "tuning": {"seconds": report.get("seconds"), "options": report.get("options")},
         "distributed": {

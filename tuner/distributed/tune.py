@@ -10,7 +10,10 @@ ids must agree on all ranks, else the job stops), and for each site, in order:
 2. the two run in lockstep (`tuner.distributed.lockstep`): the tuner's round loop, with a
    barrier before each sample and the slowest rank's time per round counting;
 3. rank 0 decides from those times (the speedup's interval must clear 1 + epsilon, as for every
-   other pass) and broadcasts the decision; every rank applies the same decision.
+   other pass) and broadcasts the decision; every rank applies the same decision. The decision
+   is the per-site search's record (`tuner.search.site_decision`), so the report's sites carry
+   the config's site fields, beside the fields report_version 1 readers look for (`site`,
+   `comparison`, `per_rank`, `max_abs_diff_this_rank`).
 
 Then the comm / compute / hidden breakdown (`tuner.distributed.overlap_profile`) is measured for the
 original and the tuned program, every rank writes its tuned program, and rank 0's report
@@ -31,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import fx
 
+from tuner.contract.config import SiteDecision, Verdict
 from tuner.contract.device import Device
 from tuner.contract.errors import FxtuneError
 from tuner.distributed.lockstep import LockstepTiming, lockstep_timing
@@ -44,6 +48,7 @@ from tuner.distributed.overlap_profile import (
 from tuner.distributed.ranks import default_backend, run_ranks
 from tuner.graph.capture import Inputs, example_inputs, save_program, to_graph_module, to_program
 from tuner.graph.fingerprint import model_fingerprint
+from tuner.graph.sites import Site
 from tuner.host.hardware import describe
 from tuner.host.torch_compat import pytree
 from tuner.loading.load import load_program
@@ -54,6 +59,7 @@ from tuner.measure.timing import RoundRules
 from tuner.measure.verdicts import Comparison, verdict
 from tuner.passes import get_pass
 from tuner.passes.apply import apply_steps
+from tuner.search.site_decision import site_decision
 
 PASS = "overlap_comm_compute"
 REPORT_VERSION = 1
@@ -124,16 +130,23 @@ def _rules(o: DistributedTuneOptions, **overrides: Any) -> RoundRules:
     return dataclasses.replace(base, **overrides)
 
 
-def _decide(site_id: str, c: Comparison | None, why: str | None, epsilon: float) -> dict[str, Any]:
-    """Rank 0's decision, broadcast so that every rank applies exactly this one."""
-    decision: list[Any] = [None]
+# Why a site that was not timed was rejected: its check failed on one rank or more.
+OUTPUTS_DIFFER = "outputs differ from the current program's on some rank"
+
+
+def _decide(site: Site, c: Comparison | None, epsilon: float) -> SiteDecision:
+    """Rank 0's decision (no comparison: the outputs differed), broadcast so that every rank
+    applies exactly this one."""
+    decision: list[SiteDecision | None] = [None]
     if dist.get_rank() == 0:
         if c is None:
-            decision[0] = {"site": site_id, "accepted": False, "verdict": why}
+            decision[0] = site_decision(
+                PASS, site.id, site.summary, Verdict.WRONG_OUTPUTS, reason=OUTPUTS_DIFFER
+            )
         else:
-            v = verdict(c, epsilon)
-            decision[0] = {"site": site_id, "accepted": v == "faster", "verdict": v}
+            decision[0] = site_decision(PASS, site.id, site.summary, verdict(c, epsilon), c)
     dist.broadcast_object_list(decision, src=0)
+    assert decision[0] is not None  # rank 0 always decides
     return decision[0]
 
 
@@ -145,6 +158,17 @@ def _medians(own: list[list[float]]) -> tuple[float, float]:
         nan if s.baseline_s is None else s.baseline_s,
         nan if s.candidate_s is None else s.candidate_s,
     )
+
+
+def _report_site(
+    decision: SiteDecision, worst: float, c: Comparison | None, timing: LockstepTiming | None
+) -> dict[str, Any]:
+    """A site as the report carries it: the decision's fields, and the report_version 1 ones."""
+    entry = decision.model_dump(mode="json", by_alias=True)
+    entry |= {"site": decision.site_id, "max_abs_diff_this_rank": worst}
+    if c is not None and timing is not None:
+        entry |= {"comparison": c.to_dict(), "per_rank": _per_rank(timing)}
+    return entry
 
 
 def _per_rank(timing: LockstepTiming) -> list[dict[str, float]]:
@@ -228,7 +252,9 @@ def tune_rank(
     graph_pass = get_pass(PASS)
     sites = graph_pass.find_sites(current)
     _agree([s.id for s in sites], "the sites of overlap_comm_compute")
-    decisions: list[dict[str, Any]] = []
+    decisions: list[SiteDecision] = []
+    entries: list[dict[str, Any]] = []
+    timed: list[str] = []  # the sites that passed the check and were timed
     only_timing: LockstepTiming | None = None
     for site in sites:
         candidate = apply_steps(copy.deepcopy(current), inputs, [(PASS, [site.id])]).gm
@@ -244,21 +270,17 @@ def tune_rank(
             c = Comparison.from_samples(
                 base, cand, r.stopped, inner=r.inner, confidence=o.confidence, device=device
             )
-        decision = _decide(site.id, c, None if ok else "outputs differ", o.epsilon)
-        decision |= {"summary": site.summary, "max_abs_diff_this_rank": worst}
+        decision = _decide(site, c, o.epsilon)
         if c is not None and timing is not None:
-            decision |= {
-                "comparison": c.to_dict(),
-                "per_rank": _per_rank(timing),
-            }
+            timed.append(site.id)
             only_timing = timing if len(sites) == 1 else None
-        if decision["accepted"]:
+        if decision.accepted:
             current = candidate
         decisions.append(decision)
+        entries.append(_report_site(decision, worst, c, timing))
     rewritten = copy.deepcopy(original)
-    rewritten_sites = [d["site"] for d in decisions if d.get("comparison")]
-    if rewritten_sites:
-        rewritten = apply_steps(rewritten, inputs, [(PASS, rewritten_sites)]).gm
+    if timed:
+        rewritten = apply_steps(rewritten, inputs, [(PASS, timed)]).gm
     overlap = _profile(original, rewritten, inputs, o, only_timing, device)
     written = None
     if out is not None:
@@ -275,8 +297,8 @@ def tune_rank(
         "hardware": describe(Device.parse(device)) | {"world_size": world_size},
         "backend": dist.get_backend(),
         "threads_per_rank": torch.get_num_threads(),
-        "sites": decisions,
-        "accepted": [d["site"] for d in decisions if d["accepted"]],
+        "sites": entries,
+        "accepted": [d.site_id for d in decisions if d.accepted],
         "overlap_profile": overlap,
         "tuned_programs": files,
         "seconds": round(time.perf_counter() - started, 2),

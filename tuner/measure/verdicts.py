@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tuner.contract.config import Verdict
 from tuner.measure.summary import Summary, summarize
 
 
@@ -102,14 +103,14 @@ def timing_fields(c: Comparison) -> dict[str, Any]:
     }
 
 
-def verdict(c: Comparison, epsilon: float = 0.02) -> str:
+def verdict(c: Comparison, epsilon: float = 0.02) -> Verdict:
     """'faster' only when ci_low > 1 + epsilon; 'slower' when ci_high < 1; else 'within noise'.
 
     The asymmetry is deliberate: keeping a rewrite needs evidence of a real win, while
     rejecting one needs only evidence that it does not help.
     """
     if c.ci_low > 1 + epsilon:
-        return "faster"
+        return Verdict.FASTER
     if c.ci_high < 1:
-        return "slower"
-    return "within noise"
+        return Verdict.SLOWER
+    return Verdict.WITHIN_NOISE

@@ -10,10 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tuner.contract.config import SizeFigures
+from tuner.contract.config import SizeFigures, Verdict
 
 # Verdicts that rule a rewrite out whatever the other sizes say, most serious first.
-BLOCKING = ("wrong outputs", "crashed", "failed to run", "slower", "not measured")
+BLOCKING = (
+    Verdict.WRONG_OUTPUTS,
+    Verdict.CRASHED,
+    Verdict.FAILED_TO_RUN,
+    Verdict.SLOWER,
+    Verdict.NOT_MEASURED,
+)
 
 
 def size_figures(label: str, sizes: dict[str, int], fields: dict[str, Any]) -> SizeFigures:
@@ -21,7 +27,7 @@ def size_figures(label: str, sizes: dict[str, int], fields: dict[str, Any]) -> S
     return SizeFigures(label=label, sizes=sizes, **{k: fields[k] for k in keep if k in fields})
 
 
-def combined_verdict(per_size: Sequence[SizeFigures]) -> tuple[str, str | None]:
+def combined_verdict(per_size: Sequence[SizeFigures]) -> tuple[Verdict, str | None]:
     """(verdict, reason) across sizes: the first blocking verdict found, else "faster" when any
     size is faster, else "within noise"."""
     for blocking in BLOCKING:
@@ -32,7 +38,6 @@ def combined_verdict(per_size: Sequence[SizeFigures]) -> tuple[str, str | None]:
             if hit[0].reason:
                 why += f" ({hit[0].reason})"
             return blocking, why
-    faster = [f.label for f in per_size if f.verdict == "faster"]
-    if faster:
-        return "faster", None
-    return "within noise", None
+    if any(f.verdict == Verdict.FASTER for f in per_size):
+        return Verdict.FASTER, None
+    return Verdict.WITHIN_NOISE, None

@@ -37,7 +37,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuner.contract.config import Bucket, Figures, PassStep, SizeFigures
+from tuner.contract.config import Bucket, Figures, PassStep, SizeFigures, Verdict
 from tuner.graph.shapes import DynamicDim, ShapeSpec
 from tuner.graph.sizes import SizePoint
 
@@ -76,7 +76,9 @@ def winner_at(label: str, figures: Sequence[Figures], prefer: Sequence[str]) -> 
     first of `prefer` that is "faster" there and whose interval overlaps the fastest one's
     stands instead of it (a difference the measurements cannot tell from noise)."""
     faster = {
-        f.name: s for f in figures if (s := _at(f, label)) is not None and s.verdict == "faster"
+        f.name: s
+        for f in figures
+        if (s := _at(f, label)) is not None and s.verdict == Verdict.FASTER
     }
     if not faster:
         return ORIGINAL

@@ -1,7 +1,14 @@
-"""Measured decisions keyed by (hardware, backend, pass, site id), kept across runs and models.
+"""The decision store: measured site decisions keyed by (hardware, backend, pass, site id).
 
-The same block in two models, or the same model tuned twice, is measured once per hardware.
-A JSON file is enough: entries are small, written once, and read at the start of a run.
+As TVM meta_schedule's database keeps raw tuning records, the search asks the store before it
+measures a site and records what it measured, so the same block in two models, or the same model
+tuned twice, is measured once per hardware. Two stores: in memory (one run) and a JSON file (kept
+across runs and models; entries are small, written once, and read at the start of a run).
+
+The records are typed (`SiteDecision`). A file holds them as JSON objects under their keys; one
+written before the records were typed has the same fields and loads as is. What does not load as
+a record (another program's file, an entry of another shape) is never served: the store says why
+in `ignored`, and entries it could not read stay in the file as they were.
 """
 
 from __future__ import annotations
@@ -9,43 +16,130 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from tuner.contract.config import SiteDecision
 
 
-class DecisionCache:
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._entries: dict[str, dict[str, Any]] = {}
-        if path is not None and path.exists():
-            try:
-                entries = json.loads(path.read_text())
-            except (OSError, ValueError):
-                entries = {}  # a corrupt cache only costs re-measuring
-            # Another fxtune's (or torch's) cache may hold anything: keep only what can be an entry.
-            if isinstance(entries, dict):
-                self._entries = {k: v for k, v in entries.items() if isinstance(v, dict)}
+@dataclass(frozen=True)
+class DecisionKey:
+    """What a decision depends on: the hardware, the backend (and what one run of a site is),
+    the pass's version (its code and torch's), and the site's structural id (with its sizes)."""
+
+    hardware: str
+    backend: str
+    pass_version: str
+    site_id: str
+
+    def __str__(self) -> str:
+        return f"{self.hardware}::{self.backend}::{self.pass_version}::{self.site_id}"
+
+
+class DecisionCache(Protocol):
+    """Where the search finds and records decisions."""
+
+    @property
+    def hits(self) -> int:
+        """Decisions served so far."""
+        ...
+
+    @property
+    def ignored(self) -> list[str]:
+        """Why stored records were not loaded (empty when all were)."""
+        ...
+
+    def get(self, key: DecisionKey) -> SiteDecision | None: ...
+
+    def put(self, key: DecisionKey, decision: SiteDecision) -> None: ...
+
+
+class MemoryDecisionCache:
+    """Decisions for one run: nothing is read or written."""
+
+    def __init__(self, records: dict[str, SiteDecision] | None = None) -> None:
+        self._records: dict[str, SiteDecision] = dict(records or {})
         self.hits = 0
+        self.ignored: list[str] = []
 
-    @staticmethod
-    def key(hardware: str, backend: str, pass_version: str, site_id: str) -> str:
-        return f"{hardware}::{backend}::{pass_version}::{site_id}"
+    def get(self, key: DecisionKey) -> SiteDecision | None:
+        found = self._records.get(str(key))
+        if found is None:
+            return None
+        self.hits += 1
+        return found.model_copy(deep=True)  # the caller's edits stay out of the store
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self.hits += 1
-        return entry
+    def put(self, key: DecisionKey, decision: SiteDecision) -> None:
+        self._records[str(key)] = decision.model_copy(deep=True)
 
-    def put(self, key: str, entry: dict[str, Any]) -> None:
-        self._entries[key] = entry
+    def records(self) -> dict[str, SiteDecision]:
+        return dict(self._records)
+
+
+class JsonDecisionCache:
+    """Decisions in a JSON file, read when opened and rewritten (atomically) on each put."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        records, self._unread, why = _read(path)
+        self._memory = MemoryDecisionCache(records)
+        self.ignored = why
+
+    @property
+    def hits(self) -> int:
+        return self._memory.hits
+
+    def get(self, key: DecisionKey) -> SiteDecision | None:
+        return self._memory.get(key)
+
+    def put(self, key: DecisionKey, decision: SiteDecision) -> None:
+        self._memory.put(key, decision)
+        self._unread.pop(str(key), None)
         self._save()
 
+    def records(self) -> dict[str, SiteDecision]:
+        return self._memory.records()
+
     def _save(self) -> None:
-        if self.path is None:
-            return
+        entries = {**self._unread}
+        for k, d in self._memory.records().items():
+            entries[k] = d.model_dump(mode="json", by_alias=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump(self._entries, f)
+            json.dump(entries, f)
         os.replace(tmp, self.path)
+
+
+def _read(path: Path) -> tuple[dict[str, SiteDecision], dict[str, Any], list[str]]:
+    """(records, entries that are not records, why anything was ignored) of a store file."""
+    if not path.exists():
+        return {}, {}, []
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # a corrupt store only costs re-measuring
+        return {}, {}, [f"{path.name} could not be read ({type(exc).__name__}): not used"]
+    if not isinstance(entries, dict):
+        return {}, {}, [f"{path.name} is not a JSON object of decisions by key: not used"]
+    records: dict[str, SiteDecision] = {}
+    unread: dict[str, Any] = {}
+    for k, v in entries.items():
+        try:
+            records[k] = SiteDecision.model_validate(v)
+        except ValidationError:
+            unread[k] = v
+    why = []
+    if unread:
+        why.append(
+            f"{len(unread)} of {len(entries)} entries of {path.name} are not site decisions "
+            "(another program's or version's): not used, and kept in the file as they were"
+        )
+    return records, unread, why
+
+
+def open_decision_cache(path: Path | None) -> DecisionCache:
+    """The JSON file store at `path`, or an in-memory store without one."""
+    return MemoryDecisionCache() if path is None else JsonDecisionCache(path)

@@ -10,11 +10,12 @@ sites: those covering the most of the model's time are measured first, so a shor
 where it can matter, and a site whose copies together cover less than `noise_share` of the model's
 time is not timed at all (rewriting it could not move the model beyond noise); its decision says so.
 
-What one run of a site is comes from `SearchSettings.run` (`SITE_RUNS`, by tuning mode): its
-forward for inference; for a training step, its forward and backward (`tuner.training.step.
-site_step`), since a rewrite that speeds up the forward can slow down the backward, and a
-rewrite must then keep the site's gradients as well as its outputs. Everything else (chaining,
-identical sites, the cache, the never-worse verdict) is the same search.
+What one run of a site is comes from `SearchSettings.run` (the tuning mode's step kind gives it,
+`tuner.tuning.step_kind`): its forward for inference; for a training step, its forward and
+backward (`tuner.training.step.site_step`), since a rewrite that speeds up the forward can slow
+down the backward, and a rewrite must then keep the site's gradients as well as its outputs.
+Everything else (chaining, identical sites, the cache, the never-worse verdict) is the same
+search.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from torch import fx
 
-from tuner.contract.config import Mode, PassStep, Refusal, SiteDecision
+from tuner.contract.config import PassStep, Refusal, SiteDecision, Verdict
 from tuner.contract.device import CPU, Device
 from tuner.graph.capture import Inputs, refresh_meta
 from tuner.graph.sites import Site
@@ -35,14 +36,15 @@ from tuner.graph.sizes import SizePoint
 from tuner.measure.equivalence import check_outputs
 from tuner.measure.inputs import fresh_inputs
 from tuner.measure.timing import compare
-from tuner.measure.verdicts import Comparison, timing_fields, verdict
+from tuner.measure.verdicts import verdict
 from tuner.passes import get_pass, pass_names
 from tuner.passes.apply import apply_steps, cleanup
 from tuner.passes.base import GraphPass
 from tuner.profiling.node_profile import NodeProfile, profile_nodes
 from tuner.search.across_sizes import combined_verdict, size_figures
-from tuner.search.decisions import DecisionCache
+from tuner.search.decisions import DecisionCache, DecisionKey
 from tuner.search.extract import external_inputs, extract_site, find_same_site, record_values
+from tuner.search.site_decision import site_decision
 from tuner.training.step import check_site_step, site_step, wants_grad
 
 Progress = Callable[[float, str], None]
@@ -89,8 +91,6 @@ FORWARD = SiteRun("forward", _forward_check, lambda m, a: lambda: m(*a))
 FORWARD_BACKWARD = SiteRun(
     "forward+backward", _training_check, site_step, grad=True, cache_tag="+backward"
 )
-# By tuning mode.
-SITE_RUNS: dict[Mode, SiteRun] = {"infer": FORWARD, "train": FORWARD_BACKWARD}
 
 
 @dataclass
@@ -151,19 +151,8 @@ BELOW_NOISE = "below noise"
 OUT_OF_BUDGET = "time budget spent"
 
 
-def _decision(site: Site, count: int, v: str, c: Comparison | None = None, **kw: Any) -> dict:
-    out: dict[str, Any] = {
-        "pass": site.pass_name,
-        "site_id": site.id,
-        "summary": site.summary,
-        "count": count,
-        "verdict": v,
-        "accepted": v == "faster",
-        **kw,
-    }
-    if c is not None:
-        out.update(timing_fields(c))
-    return out
+def _decision(site: Site, count: int, v: Verdict, **kw: Any) -> SiteDecision:
+    return site_decision(site.pass_name, site.id, site.summary, v, count=count, **kw)
 
 
 class SiteSearch:
@@ -173,13 +162,13 @@ class SiteSearch:
 
     def _judge(
         self, site: Site, count: int, pair: _Pair, result: SearchResult, label: str = ""
-    ) -> dict:
+    ) -> SiteDecision:
         """The check first (a wrong rewrite is never timed), then interleaved timing."""
         run = self.settings.run
         trials = [pair.inputs, *fresh_inputs(pair.inputs, 2)]
         wrong = run.check(pair, trials)
         if wrong is not None:
-            return _decision(site, count, "wrong outputs", reason=wrong)
+            return _decision(site, count, Verdict.WRONG_OUTPUTS, reason=wrong)
         c = compare(
             run.call(pair.reference, pair.inputs),
             run.call(pair.candidate, pair.pack(pair.inputs)),
@@ -191,7 +180,7 @@ class SiteSearch:
             "baseline_s": c.baseline_s,
             "candidate_s": c.candidate_s,
         }
-        return _decision(site, count, verdict(c, self.settings.epsilon), c)
+        return _decision(site, count, verdict(c, self.settings.epsilon), comparison=c)
 
     def _site_pair(
         self, gm: fx.GraphModule, graph_pass: GraphPass, site: Site, values: dict[str, Any]
@@ -227,24 +216,25 @@ class SiteSearch:
         count: int,
         extra: list[tuple[SizePoint, Inputs, dict[str, Any]]] | None = None,
         share: float | None = None,
-    ) -> dict:
+    ) -> SiteDecision:
         s = self.settings
         # Decisions across several sizes are cached under those sizes too.
         at = "@" + ";".join(p.label for p in s.points) if s.points else ""
         backend = s.backend + s.run.cache_tag
-        key = DecisionCache.key(s.hardware_key, backend, graph_pass.version(), site.id + at)
+        key = DecisionKey(s.hardware_key, backend, graph_pass.version(), site.id + at)
         cached = self.cache.get(key)
         if cached is not None:
-            return {**cached, "count": count, "summary": site.summary, "cached": True}
+            here = {"count": count, "summary": site.summary, "cached": True}
+            return cached.model_copy(update=here)
         if share is not None and s.noise_share is not None and share < s.noise_share:
             reason = (
                 f"{BELOW_NOISE}: its {count} cop{'y' if count == 1 else 'ies'} cover "
                 f"{share:.2%} of the model's time (node profile), under the "
                 f"{s.noise_share:.1%} a whole-model comparison resolves; not timed"
             )
-            return _decision(site, count, "not measured", reason=reason, share=share)
+            return _decision(site, count, Verdict.NOT_MEASURED, reason=reason, share=share)
         if time.monotonic() > s.deadline:
-            return _decision(site, count, "not measured", reason=OUT_OF_BUDGET, share=share)
+            return _decision(site, count, Verdict.NOT_MEASURED, reason=OUT_OF_BUDGET, share=share)
         decision = self._measure(gm, inputs, graph_pass, site, values, result, count, "")
         if self._contradicts_model(decision):
             # Thread stalls during small kernels can inflate one measurement: measure again.
@@ -253,36 +243,39 @@ class SiteSearch:
                 return self._inconsistent(decision)
         if extra:
             decision = self._across_sizes(decision, gm, graph_pass, site, extra, result, count)
-        if decision["verdict"] != "failed to run":
+        if decision.verdict != Verdict.FAILED_TO_RUN:
             self.cache.put(key, decision)
-        return {**decision, "share": share}
+        return decision.model_copy(update={"share": share})
 
-    def _contradicts_model(self, decision: dict) -> bool:
+    def _contradicts_model(self, decision: SiteDecision) -> bool:
         model = self.settings.model_time_s
-        base = decision.get("baseline_s")
+        base = decision.baseline_s
         if model is None or base is None:
             return False
-        return base * decision["count"] > model * CONSISTENCY_SLACK
+        return base * decision.count > model * CONSISTENCY_SLACK
 
-    def _inconsistent(self, decision: dict) -> dict:
+    def _inconsistent(self, decision: SiteDecision) -> SiteDecision:
         """A site timed slower than the whole model twice: its timing is wrong, not the model.
 
         Its verdict is not trusted: the site is left unrewritten ("not measured", not cached),
         and the report says why.
         """
+        base, model = decision.baseline_s or 0.0, self.settings.model_time_s or 0.0
         note = (
-            f"inconsistent: site baseline {decision['baseline_s'] * 1e3:.3g} ms"
-            + (f" x {decision['count']} copies" if decision["count"] > 1 else "")
-            + f" > model {self.settings.model_time_s * 1e3:.3g} ms, measured twice"
+            f"inconsistent: site baseline {base * 1e3:.3g} ms"
+            + (f" x {decision.count} copies" if decision.count > 1 else "")
+            + f" > model {model * 1e3:.3g} ms, measured twice"
         )
-        return {
-            **decision,
-            "verdict": "not measured",
-            "accepted": False,
-            "reason": f"{note}; its verdict ({decision['verdict']}) is not trusted and the site "
-            "is left as it was",
-            "inconsistent": note,
-        }
+        reason = f"{note}; its verdict ({decision.verdict}) is not trusted and the site "
+        reason += "is left as it was"
+        return decision.model_copy(
+            update={
+                "verdict": Verdict.NOT_MEASURED,
+                "accepted": False,
+                "reason": reason,
+                "inconsistent": note,
+            }
+        )
 
     def _measure(
         self,
@@ -294,7 +287,7 @@ class SiteSearch:
         result: SearchResult,
         count: int,
         label: str,
-    ) -> dict:
+    ) -> SiteDecision:
         """The site's decision at one size (`label` is "" for the example size)."""
         try:
             if graph_pass.changes_inputs:
@@ -303,36 +296,38 @@ class SiteSearch:
                 pair = self._site_pair(gm, graph_pass, site, values)
             if pair is None:
                 reason = "site not found once extracted"
-                return _decision(site, count, "failed to run", reason=reason)
+                return _decision(site, count, Verdict.FAILED_TO_RUN, reason=reason)
             return self._judge(site, count, pair, result, label)
         except Exception as exc:
-            return _decision(site, count, "failed to run", reason=f"{type(exc).__name__}: {exc}")
+            why = f"{type(exc).__name__}: {exc}"
+            return _decision(site, count, Verdict.FAILED_TO_RUN, reason=why)
 
     def _across_sizes(
         self,
-        first: dict,
+        first: SiteDecision,
         gm: fx.GraphModule,
         graph_pass: GraphPass,
         site: Site,
         extra: list[tuple[SizePoint, Inputs, dict[str, Any]]],
         result: SearchResult,
         count: int,
-    ) -> dict:
+    ) -> SiteDecision:
         """Measure at each further size; accepted only if never worse at any of them."""
         points = self.settings.points
-        per_size = [size_figures(points[0].label, points[0].sizes, first)]
-        if first["verdict"] not in ("wrong outputs", "failed to run"):
+        per_size = [size_figures(points[0].label, points[0].sizes, first.model_dump())]
+        if first.verdict not in (Verdict.WRONG_OUTPUTS, Verdict.FAILED_TO_RUN):
             for point, inputs, values in extra:
                 d = self._measure(gm, inputs, graph_pass, site, values, result, count, point.label)
-                per_size.append(size_figures(point.label, point.sizes, d))
+                per_size.append(size_figures(point.label, point.sizes, d.model_dump()))
         verdict_, reason = combined_verdict(per_size)
-        return {
-            **first,
-            "verdict": verdict_,
-            "accepted": verdict_ == "faster",
-            "reason": reason or first.get("reason"),
-            "per_size": [f.model_dump() for f in per_size],
-        }
+        return first.model_copy(
+            update={
+                "verdict": verdict_,
+                "accepted": verdict_ == Verdict.FASTER,
+                "reason": reason or first.reason,
+                "per_size": per_size,
+            }
+        )
 
     def run(
         self, gm: fx.GraphModule, inputs: Inputs, progress: Progress | None = None
@@ -388,8 +383,8 @@ class SiteSearch:
                     extra,
                     shares[site_id],
                 )
-                result.decisions.append(SiteDecision.model_validate(d))
-                if d["accepted"]:
+                result.decisions.append(d)
+                if d.accepted:
                     accepted.add(site_id)
             if accepted:
                 applied = apply_steps(gm, result.inputs, [(name, accepted)])

@@ -20,6 +20,7 @@ from tuner.contract.errors import FxtuneError
 from tuner.graph.capture import example_inputs, save_program, to_program
 from tuner.measure.equivalence import check_outputs, output_errors
 from tuner.measure.timing import quick_per_call_s
+from tuner.tuning.modes import step_kind_for
 from tuner.tuning.tuner import TuneOutcome, to_device
 
 
@@ -45,61 +46,8 @@ def write_outputs(
     if outcome.buckets:
         _bucket_packages(outcome, out, report, artifacts, say)
     elif config.backend == "inductor":
-        say(0.94, "writing the AOTInductor package")
-        aoti = aoti_path_for(out)
-        if outcome.package is not None:
-            shutil.copyfile(outcome.package, aoti)
-        else:
-            backends.package_aoti(torch.export.load(out), aoti)
-        original = outcome.original.module().to(device.torch_device)
-        originals = tuple(to_device(x, device) for x in example_inputs(outcome.original))
-        # The package is checked at every size tuned at, not only the example's.
-        trials = [originals] + [
-            tuple(to_device(x, device) for x in p.inputs) for p in outcome.points[1:]
-        ]
-        refused: list[str] = []
-        if (error := _ships(aoti, original, trials, refused, replay.pack)) is not None:
-            artifacts["aoti"] = _rel(aoti, report)
-            artifacts["aoti_max_abs_error"] = error
-        else:
-            artifacts["aoti_refused"] = "; ".join(refused)
-    profiles: dict[str, Any] = {}
-    if profile:
-        from tuner.profiling.profile import profile_callable
-
-        say(0.97, "profiling baseline and tuned")
-        base_mod: Callable[..., Any] = outcome.original.module().to(device.torch_device)
-        if config.mode == "train":
-            # A training step is what was tuned, so a step is what is profiled: the original's
-            # in eager, the tuned one as it was timed (outcome.runner is its step).
-            from tuner.training.step import eager_runner
-
-            optimizer = config.training.optimizer if config.training else None
-            base_mod = eager_runner(base_mod, optimizer, device.torch_device).step
-        base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
-        tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
-        iterations = _profile_iterations(lambda: base_mod(*base_inputs))
-        notes: list[str] = []
-        # When the original stands, "tuned" is the same program: profiled once, shown twice.
-        unchanged = config.whole_model.name == "original"
-        with _profiled_runner(outcome, out, notes) as tuned_runner:
-            for name, fn in (
-                ("baseline", lambda: base_mod(*base_inputs)),
-                ("tuned", lambda: tuned_runner(*tuned_inputs)),
-            ):
-                if name == "tuned" and unchanged:
-                    profiles[name] = profiles["baseline"]
-                    artifacts["traces"][name] = artifacts["traces"]["baseline"]
-                    continue
-                trace = report.parent / f"{name}.trace.json"
-                profiles[name] = profile_callable(
-                    fn, device=device, iterations=iterations, trace_path=trace
-                ).to_dict()
-                artifacts["traces"][name] = _rel(trace, report)
-        if notes:
-            tuned = dict(profiles["tuned"])
-            tuned["missing"] = [*tuned.get("missing", []), *notes]
-            profiles["tuned"] = tuned
+        _package(outcome, out, report, artifacts, say)
+    profiles = _profiles(outcome, out, report, artifacts, say) if profile else {}
     document = {
         "config": json.loads(config.to_json()),
         "profiles": profiles,
@@ -110,6 +58,75 @@ def write_outputs(
     report.write_text(json.dumps(document, indent=2))
     say(1.0, "done")
     return document
+
+
+def _package(
+    outcome: TuneOutcome, out: Path, report: Path, artifacts: dict[str, Any], say: Any
+) -> None:
+    """The chosen module's AOTInductor package (the one timed, when kept), shipped only when
+    it answers as the original at every size tuned at."""
+    say(0.94, "writing the AOTInductor package")
+    device = Device.parse(outcome.config.hardware["device"])
+    aoti = aoti_path_for(out)
+    if outcome.package is not None:
+        shutil.copyfile(outcome.package, aoti)
+    else:
+        backends.package_aoti(torch.export.load(out), aoti)
+    original = outcome.original.module().to(device.torch_device)
+    originals = tuple(to_device(x, device) for x in example_inputs(outcome.original))
+    # The package is checked at every size tuned at, not only the example's.
+    trials = [originals] + [
+        tuple(to_device(x, device) for x in p.inputs) for p in outcome.points[1:]
+    ]
+    refused: list[str] = []
+    if (error := _ships(aoti, original, trials, refused, outcome.tuned.pack)) is not None:
+        artifacts["aoti"] = _rel(aoti, report)
+        artifacts["aoti_max_abs_error"] = error
+    else:
+        artifacts["aoti_refused"] = "; ".join(refused)
+
+
+def _profiles(
+    outcome: TuneOutcome, out: Path, report: Path, artifacts: dict[str, Any], say: Any
+) -> dict[str, Any]:
+    """Profiles of the original and the tuned model, their traces written beside the report.
+
+    What was timed as the original is what is profiled (a training step, for one: the step
+    kind's), and the tuned runner as it was timed (`outcome.runner`)."""
+    from tuner.profiling.profile import profile_callable
+
+    say(0.97, "profiling baseline and tuned")
+    config = outcome.config
+    device = Device.parse(config.hardware["device"])
+    original = outcome.original.module().to(device.torch_device)
+    kind = step_kind_for(config.mode)
+    base_mod = kind.profiled_baseline(original, config, device.torch_device)
+    base_inputs = tuple(to_device(x, device) for x in example_inputs(outcome.original))
+    tuned_inputs = tuple(to_device(x, device) for x in outcome.tuned.inputs)
+    iterations = _profile_iterations(lambda: base_mod(*base_inputs))
+    profiles: dict[str, Any] = {}
+    notes: list[str] = []
+    # When the original stands, "tuned" is the same program: profiled once, shown twice.
+    unchanged = config.whole_model.name == "original"
+    with _profiled_runner(outcome, out, notes) as tuned_runner:
+        for name, fn in (
+            ("baseline", lambda: base_mod(*base_inputs)),
+            ("tuned", lambda: tuned_runner(*tuned_inputs)),
+        ):
+            if name == "tuned" and unchanged:
+                profiles[name] = profiles["baseline"]
+                artifacts["traces"][name] = artifacts["traces"]["baseline"]
+                continue
+            trace = report.parent / f"{name}.trace.json"
+            profiles[name] = profile_callable(
+                fn, device=device, iterations=iterations, trace_path=trace
+            ).to_dict()
+            artifacts["traces"][name] = _rel(trace, report)
+    if notes:
+        tuned = dict(profiles["tuned"])
+        tuned["missing"] = [*tuned.get("missing", []), *notes]
+        profiles["tuned"] = tuned
+    return profiles
 
 
 def _bucket_packages(

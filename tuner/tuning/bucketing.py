@@ -1,0 +1,153 @@
+"""Size buckets for a dynamic program whose per-size winners differ (`tuner.search.buckets`).
+
+Each bucket's decision is verified at the sizes measured inside it, and the one program that
+dispatches between the buckets' graphs (`tuner.deploy.dispatch.dispatching_program`) is built
+and checked at every size; any failure leaves one decision set for every size, and the note
+in the config says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from tuner.contract.config import Bucket, Figures, Verdict, Verification
+from tuner.contract.device import Device
+from tuner.deploy.dispatch import dispatching_program
+from tuner.graph.sizes import SizePoint
+from tuner.measure.equivalence import check_outputs
+from tuner.measure.inputs import fresh_inputs
+from tuner.passes.apply import Transformed
+from tuner.search.across_sizes import combined_verdict
+from tuner.search.buckets import ORIGINAL, Plan, bucket_dim, plan_buckets, to_bucket
+from tuner.tuning.candidates import Candidate
+from tuner.tuning.choose import original
+from tuner.tuning.run import Captured, Verified
+from tuner.tuning.verify import replayed_and_checked
+
+
+@dataclass
+class BucketOutcome:
+    """One size bucket as it ships: its config record, replayed module, runner and package."""
+
+    bucket: Bucket
+    tuned: Transformed
+    runner: Callable[..., Any]
+    package: Path | None = None
+
+
+@dataclass
+class Bucketed:
+    """The buckets that ship (none: one decision set), the example bucket's decision as the
+    headline, the dispatching program, and a note for the config saying what happened."""
+
+    outcomes: list[BucketOutcome] = field(default_factory=list)
+    headline: Verified | None = None  # set when there are buckets
+    dispatch: ExportedProgram | None = None
+    note: str = ""
+
+
+def bucketed(
+    program: ExportedProgram,
+    captured: Captured,
+    points: list[SizePoint],
+    candidates: list[Candidate],
+    figures: list[Figures],
+    chosen: str,
+    device: Device,
+) -> Bucketed:
+    """Size buckets where the per-size winners differ, each verified at the sizes measured
+    inside it, and the dispatching program built and checked at every size; any failure
+    leaves one decision set for every size (the note says why)."""
+    if len(points) < 2:
+        return Bucketed()
+    if bucket_dim(captured.spec, points) is None:
+        return Bucketed(note="not bucketed: the sizes measured vary along several dims")
+    plans = plan_buckets(captured.spec, points, figures, chosen)
+    if not plans:
+        return Bucketed(note="one decision for every size measured")
+    by_name = {c.name: (c, f) for c, f in zip(candidates, figures, strict=True)}
+    if any(by_name[p.winner][0].transformed.packers for p in plans if p.winner != ORIGINAL):
+        return Bucketed(note="not bucketed: a bucket's winner changes the inputs")
+    outcomes: list[BucketOutcome] = []
+    checks: list[Verification] = []
+    for plan in plans:
+        outcome, check = _verify_bucket(program, captured, plan, by_name, device)
+        outcomes.append(outcome)
+        checks.append(check)
+    trials = [p.inputs for p in points]
+    try:
+        dispatch = dispatching_program(
+            [o.bucket for o in outcomes], [o.tuned.gm for o in outcomes], captured.inputs
+        )
+        wrong = check_outputs(captured.gm, dispatch.module(), trials)
+    except Exception as exc:
+        wrong = f"{type(exc).__name__}: {str(exc)[:300]}"
+    if wrong is not None:
+        return Bucketed(note=f"not bucketed: the dispatching program failed ({wrong})")
+    headline = _headline(captured, outcomes, checks, by_name)
+    labels = ", ".join(f"{o.bucket.describe()}: {o.bucket.name}" for o in outcomes)
+    return Bucketed(outcomes, headline, dispatch, f"{len(outcomes)} buckets ({labels})")
+
+
+def _headline(
+    captured: Captured,
+    outcomes: list[BucketOutcome],
+    checks: list[Verification],
+    by_name: dict[str, tuple[Candidate, Figures]],
+) -> Verified:
+    """The example size's bucket's decision, verified as every bucket was."""
+    example = captured.spec.sizes_of(captured.inputs) if captured.spec else {}
+    head = next(o for o in outcomes if o.bucket.contains(example[o.bucket.dim]))
+    name = head.bucket.name
+    if name == ORIGINAL:
+        fig, cand = original(captured, Verdict.WITHIN_NOISE, head.bucket.reason or "")
+    else:
+        cand, fig = by_name[name]
+        # Its verdict over the sizes it serves: elsewhere another bucket's decision runs.
+        verdict_, _ = combined_verdict(head.bucket.per_size)
+        why = f"the decision for {head.bucket.describe()}, one of {len(outcomes)} size buckets"
+        fig = fig.model_copy(update={"verdict": verdict_, "reason": why})
+    passed = all(c.passed for c in checks)
+    verification = Verification(
+        inputs=sum(c.inputs for c in checks),
+        max_abs_error=max((c.max_abs_error or 0.0) for c in checks),
+        max_rel_error=max((c.max_rel_error or 0.0) for c in checks),
+        passed=passed,
+        reason=None if passed else "; ".join(c.reason for c in checks if c.reason),
+    )
+    return Verified(fig, cand, head.tuned, head.runner, verification)
+
+
+def _verify_bucket(
+    program: ExportedProgram,
+    captured: Captured,
+    plan: Plan,
+    by_name: dict[str, tuple[Candidate, Figures]],
+    device: Device,
+) -> tuple[BucketOutcome, Verification]:
+    """A bucket's decision replayed from the original and its runner, both checked at the
+    sizes measured inside the bucket; a bucket that fails runs the original instead."""
+    if plan.winner == ORIGINAL:
+        replay = Transformed(copy.deepcopy(captured.gm), captured.inputs)
+        check = Verification(inputs=0, max_abs_error=0.0, max_rel_error=0.0, passed=True)
+        return BucketOutcome(to_bucket(plan, None), replay, captured.gm), check
+    cand, fig = by_name[plan.winner]
+    trials = [t for p in plan.points for t in fresh_inputs(p.inputs, 2, seed=4321)]
+    gm0 = captured.gm
+    replay, runner, check = replayed_and_checked(program, gm0, cand, trials, device)
+    wrong = check.reason
+    if wrong is not None:
+        check = check.model_copy(update={"reason": f"{plan.winner} at {plan.measured}: {wrong}"})
+        bucket = to_bucket(dataclasses.replace(plan, winner=ORIGINAL), None)
+        bucket.reason = f"{plan.winner} failed verification ({wrong}); the original runs here"
+        replay = Transformed(copy.deepcopy(gm0), captured.inputs)
+        return BucketOutcome(bucket, replay, gm0), check
+    package = cand.package if cand.backend == "inductor" else None
+    return BucketOutcome(to_bucket(plan, fig), replay, runner, package), check

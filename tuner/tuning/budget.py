@@ -1,0 +1,161 @@
+"""Spending a run's time budget: what is started, in which order, and when the search stops.
+
+Nothing is started that is not expected to finish: a candidate whose output check alone would
+overrun, or whose compile is estimated beyond what is left, is recorded as skipped, with why.
+The peers (`tuner.backends.registry.PEERS`) are the floor, so they go first unless even the
+quickest is not expected to fit; then a cheaper stand-in goes first and the peers get what is
+left. Compile estimates come from this machine's history (`tuner.backends.compile_time`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tuner.backends import registry as backends
+from tuner.contract.config import Figures, Verdict
+from tuner.measure.timing import fixed_threads, quick_per_call_s
+from tuner.search.site_search import Progress
+from tuner.tuning.candidates import Candidate
+from tuner.tuning.run import FINISH_SHARE, Captured, TuningRun
+from tuner.tuning.step_kind import StepKind
+
+# A compile is started only if its estimate leaves this much of the budget for timing it.
+MIN_TIMING_S = 2.0
+# Model calls a candidate's output check makes (3 input sets: the reference twice, the
+# candidate, the float64 reference at several times the cost), before any timing.
+CHECK_CALLS = 20
+# Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation).
+STOPPABLE = ("inductor",)
+
+
+def model_time_s(
+    run: TuningRun, baseline: Callable[..., object], captured: Captured
+) -> float | None:
+    """The original's seconds per timed call, bounding the checks and any site's time (CPU;
+    None elsewhere)."""
+    if run.device.kind != "cpu":
+        return None
+    with fixed_threads(run.options.threads):
+        return quick_per_call_s(lambda: baseline(*captured.inputs))
+
+
+class Budget:
+    """The run's clock and compile estimates, asked before anything costly is started."""
+
+    def __init__(self, run: TuningRun, kind: StepKind) -> None:
+        self.run = run
+        self.kind = kind  # it estimates its compiles
+
+    def _check_s(self) -> float:
+        return CHECK_CALLS * (self.run.model_time_s or 0.0) + MIN_TIMING_S
+
+    def _nodes(self, cand: Candidate) -> int:
+        return len(cand.transformed.gm.graph.nodes)
+
+    def check_wont_fit(self, left: float) -> str | None:
+        """Why a candidate is not started: checking its outputs alone would overrun."""
+        if self.run.model_time_s is None:
+            return None
+        needed = self._check_s()
+        if needed <= left:
+            return None
+        return (
+            f"skipped: checking its outputs and timing it need about {needed:.0f} s "
+            f"and {left:.0f} s of the time budget are left"
+        )
+
+    def compile_wont_fit(self, cand: Candidate, left: float) -> str | None:
+        """Why a compile is not started (its estimate exceeds what is left), or None."""
+        if cand.backend not in backends.COMPILING:
+            return None
+        estimate = self.kind.compile_estimate(cand)
+        if estimate is None or estimate <= left - MIN_TIMING_S:
+            return None
+        nodes = self._nodes(cand)
+        return (
+            f"skipped: {self.kind.compiling} is estimated at {estimate:.0f} s ({nodes} nodes) "
+            f"and {left:.0f} s of the time budget are left"
+        )
+
+    def peers_fit(self, peers: list[Candidate], say: Progress) -> bool:
+        """Whether the peers go first: say before starting what their compiles are expected to
+        cost (this machine's history, else a prior) and, where even the quickest is not expected
+        to fit, the budget it would need. Nothing slower than what is measured ships either way.
+        """
+        run = self.run
+        left = run.remaining()
+        estimates: dict[str, float] = {}
+        for cand in peers:
+            if cand.backend not in backends.COMPILING:
+                continue
+            estimate, measured = run.compile_times.planning_estimate(
+                run.hardware_key, cand.backend, self._nodes(cand)
+            )
+            estimates[cand.backend] = estimate
+            source = "from this machine's compiles" if measured else "nothing measured here yet"
+            note = f"{cand.backend}: compile estimated at {estimate:.0f} s ({source})"
+            run.peer_notes.append(note)
+        fits = not estimates or min(estimates.values()) + self._check_s() <= left
+        if fits:
+            run.peer_notes.append(f"the peers go first, with the {left:.0f} s left for tuning")
+        else:
+            quickest = min(estimates, key=estimates.__getitem__)
+            needed = (estimates[quickest] + self._check_s()) / (1 - FINISH_SHARE)
+            run.peer_notes.append(
+                f"no peer is expected to fit: {quickest} needs about {estimates[quickest]:.0f} s "
+                f"and {left:.0f} s are left for tuning; a budget of about {needed:.0f} s would "
+                "build and time it. The passes go first and the peers get what is left"
+            )
+        for note in run.peer_notes:
+            say(0.05, f"peers: {note}")
+        run.peers_late = not fits
+        return fits
+
+    def affordable_stand_in(self, blind: list[Candidate], say: Progress) -> list[Candidate]:
+        """When no peer is expected to fit: the quickest compiled candidate that is, among
+        `blind` (the original with every pass, under each backend: it needs no search, and the
+        passes shrink the graph, so it compiles sooner), to build first while the budget is
+        whole. A tie goes to a backend built in a child, which is stopped if it overruns."""
+        run = self.run
+        left = run.remaining()
+        priced: list[tuple[float, Candidate]] = []
+        for cand in blind:
+            if not cand.passes or cand.backend not in backends.PEERS:
+                continue
+            if cand.backend not in backends.COMPILING:
+                continue
+            estimate, _ = run.compile_times.planning_estimate(
+                run.hardware_key, cand.backend, self._nodes(cand)
+            )
+            if estimate + self._check_s() <= left:
+                priced.append((estimate, cand))
+        if not priced:
+            return []
+        estimate, cand = min(priced, key=lambda ec: (ec[0], ec[1].backend not in STOPPABLE))
+        note = (
+            f"{cand.name} ({self._nodes(cand)} nodes) is expected to fit ({estimate:.0f} s): "
+            "it goes first"
+        )
+        run.peer_notes.append(note)
+        say(0.05, f"peers: {note}")
+        return [cand]
+
+    def search_deadline(self, early: list[Candidate], figures: list[Figures]) -> float:
+        """When the site search stops: half of what the early candidates left, and never so
+        late that the passes cannot be built under the fastest one's backend (its compile,
+        measured just now, plus checking and timing it)."""
+        run = self.run
+        left = max(run.remaining(), 0.0)
+        faster = [
+            (f.speedup or 0.0, c)
+            for c, f in zip(early, figures, strict=True)
+            if f.verdict == Verdict.FASTER
+        ]
+        best = max(faster, key=lambda sc: sc[0])[1] if faster else None
+        reserve = 0.5 * left
+        if best is not None and best.backend in backends.COMPILING:
+            nodes = self._nodes(best)
+            estimate = run.compile_times.estimate(run.hardware_key, best.backend, nodes) or 0.0
+            reserve = max(reserve, estimate + self._check_s() + run.options.whole_model_budget_s)
+        return time.monotonic() + max(left - reserve, 0.0)

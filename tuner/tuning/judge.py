@@ -1,0 +1,126 @@
+"""Judging a whole-model candidate: built, checked, then timed against the original.
+
+At each size the run tunes at (the example's first), the candidate's runner is checked against
+the original (the step kind's check; a wrong one is never timed) and then timed, interleaved with
+the original's call (`tuner.measure.timing.compare`). Its verdict across sizes is the never-worse
+one (`tuner.search.across_sizes`). A candidate that cannot be started within the budget, or whose
+build overruns or crashes, is recorded with the reason instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx
+
+from tuner.backends.isolation import CompileCrashed, CompileOverrun
+from tuner.contract.config import Figures, Verdict
+from tuner.graph.capture import Inputs
+from tuner.graph.sizes import SizePoint
+from tuner.measure.timing import compare
+from tuner.measure.verdicts import Comparison, timing_fields, verdict
+from tuner.search.across_sizes import combined_verdict, size_figures
+from tuner.search.site_search import OUT_OF_BUDGET, Progress
+from tuner.tuning.budget import MIN_TIMING_S, Budget
+from tuner.tuning.candidates import WRONG, Candidate
+from tuner.tuning.run import Captured, TuningRun
+from tuner.tuning.step_kind import StepKind
+
+
+class Judge:
+    """Judges candidates for one run, adding their samples and comparisons to it."""
+
+    def __init__(self, run: TuningRun, kind: StepKind, budget: Budget) -> None:
+        self.run = run
+        self.kind = kind
+        self.budget = budget
+
+    def all(
+        self,
+        captured: Captured,
+        candidates: list[Candidate],
+        say: Progress,
+        span: tuple[float, float],
+    ) -> list[Figures]:
+        """Each candidate's figures, in order; progress moves across `span`."""
+        figures: list[Figures] = []
+        low, high = span
+        for i, cand in enumerate(candidates):
+            done = low + (high - low) * i / max(len(candidates), 1)
+            say(done, f"timing whole model: {cand.name}")
+            figures.append(self.one(captured, cand))
+        return figures
+
+    def one(self, captured: Captured, cand: Candidate) -> Figures:
+        """The candidate's figures at every size, or why it was not measured."""
+        fig = dict(name=cand.name, backend=cand.backend, passes=cand.passes)
+        left = self.run.remaining()
+        if left < 1.0:
+            return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=OUT_OF_BUDGET)
+        skip = self.budget.check_wont_fit(left) or self.budget.compile_wont_fit(cand, left)
+        if skip is not None:
+            return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=skip)
+        try:
+            built = self.kind.build(cand, left)
+        except CompileOverrun as exc:
+            return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=str(exc))
+        except CompileCrashed as exc:
+            return Figures(**fig, verdict=Verdict.CRASHED, reason=str(exc))
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            return Figures(**fig, verdict=Verdict.FAILED_TO_RUN, reason=why)
+        runner = cand.runner = built.runner
+        cand.package = built.package
+        points = self.run.points
+        per_size = []
+        for i, point in enumerate(points or [SizePoint("example", {}, captured.inputs)]):
+            if i and self.run.remaining() < MIN_TIMING_S:
+                # Checking at a further size costs calls at that size (a batch of 64 can take
+                # seconds); unmeasured, the size runs another bucket's decision or the original.
+                fields = {"verdict": Verdict.NOT_MEASURED, "reason": OUT_OF_BUDGET}
+                per_size.append(size_figures(point.label, point.sizes, fields))
+                continue
+            at = captured.inputs if i == 0 else point.inputs
+            fields, c = self.at(captured.gm, at, cand, runner)
+            if c is not None:
+                suffix = f"@{point.label}" if i else ""
+                self.run.samples[f"model:{cand.name}{suffix}"] = {
+                    "baseline_s": c.baseline_s,
+                    "candidate_s": c.candidate_s,
+                }
+            per_size.append(size_figures(point.label, point.sizes, fields))
+            if fields["verdict"] in WRONG:
+                break
+        head = per_size[0].model_dump(exclude={"label", "sizes"})
+        if len(points) <= 1:
+            return Figures(**fig, **head)
+        verdict_, reason = combined_verdict(per_size)
+        head.update(verdict=verdict_, reason=reason or head.get("reason"))
+        return Figures(**fig, **head, per_size=per_size)
+
+    def at(
+        self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, runner: Callable[..., Any]
+    ) -> tuple[dict[str, Any], Comparison | None]:
+        """Check and time a built candidate at one size: (figure fields, comparison or None)."""
+        pack = cand.transformed.pack
+        try:
+            wrong = self.kind.check(gm0, inputs, runner, pack)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            return {"verdict": Verdict.FAILED_TO_RUN, "reason": why}, None
+        if wrong is not None:
+            return {"verdict": Verdict.WRONG_OUTPUTS, "reason": wrong}, None
+        baseline, candidate = self.kind.baseline(gm0), self.kind.timed_call(runner)
+        packed = pack(inputs)
+        c = compare(
+            lambda: baseline(*inputs),
+            lambda: candidate(*packed),
+            device=self.run.device,
+            budget_s=self.run.timing_budget(),
+        )
+        self.run.timed += 1
+        if c.rounds == 0:
+            reason = "no timed round fitted in what was left of the time budget"
+            return {"verdict": Verdict.NOT_MEASURED, "reason": reason}, c
+        return {**timing_fields(c), "verdict": verdict(c, self.run.options.epsilon)}, c

@@ -1,0 +1,50 @@
+"""The run's record: the tuned config (`tuner.contract.config.TunedConfig`) of what was chosen,
+every decision and figure behind it, and how the run spent its budget."""
+
+from __future__ import annotations
+
+import time
+
+from tuner.contract.config import Figures, Mode, TunedConfig
+from tuner.search.site_search import SearchResult
+from tuner.tuning.run import Captured, TuningRun, Verified
+
+
+def tuned_config(
+    run: TuningRun,
+    mode: Mode,
+    fingerprint: str,
+    captured: Captured,
+    search: SearchResult,
+    figures: list[Figures],
+    verified: Verified,
+) -> TunedConfig:
+    chosen = verified.candidate
+    return TunedConfig(
+        mode=mode,
+        model_fingerprint=fingerprint,
+        hardware=run.hardware,
+        backend=chosen.backend,
+        passes=chosen.passes,
+        changes_inputs=bool(chosen.transformed.packers),
+        sites=search.decisions,
+        candidates=figures,
+        whole_model=verified.figures,
+        verification=verified.verification,
+        tuning={
+            "seconds": round(time.monotonic() - run.started, 2),
+            "budget_s": run.options.budget_s,
+            "timed_candidates": run.timed,
+            "cache_hits": run.cache.hits,
+            # Why stored decisions were not used (`tuner.search.decisions`); empty: all were.
+            "cache_ignored": run.cache.ignored,
+            "sites_found": sum(len(s.sites) for s in search.every_site),
+            "site_counts": search.counts(),
+            "peers": run.peer_notes,
+            "epsilon": run.options.epsilon,
+            "sizes": [{"label": p.label, "sizes": p.sizes} for p in run.points],
+            "sizes_skipped": captured.skipped,
+        },
+        shapes=captured.spec.to_dict() if captured.spec is not None else {},
+        refusals=search.refusals,
+    )

@@ -1,0 +1,99 @@
+"""Verifying the choice before it ships: replayed from the original, checked against it.
+
+What a deployment runs is the config replayed on the original (`tuner.deploy.replay`), so that
+replay is what is checked, beside the runner that was timed, on fresh inputs at every size tuned
+at. A choice that fails ships the original instead, with the reason. Verifying a training step
+is the training kind's (`tuner.tuning.train`); the outcomes are built here for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx
+from torch.export import ExportedProgram
+
+from tuner.contract.config import Figures, Verdict, Verification
+from tuner.contract.device import Device
+from tuner.deploy.replay import replay_steps
+from tuner.graph.capture import Inputs
+from tuner.graph.sizes import SizePoint
+from tuner.measure.equivalence import check_outputs, output_errors
+from tuner.measure.inputs import fresh_inputs
+from tuner.passes.apply import Transformed
+from tuner.tuning.candidates import Candidate
+from tuner.tuning.choose import original
+from tuner.tuning.run import Captured, Verified
+
+NOTHING_TO_VERIFY = "the original program stands: nothing to verify"
+
+
+def unchanged(
+    captured: Captured, fig: Figures, chosen: Candidate, runner: Callable[..., Any]
+) -> Verified:
+    """The original was chosen: nothing was changed, so there is nothing to verify."""
+    verification = Verification(
+        inputs=0, max_abs_error=0.0, max_rel_error=0.0, passed=True, reason=NOTHING_TO_VERIFY
+    )
+    return Verified(fig, chosen, Transformed(captured.gm, captured.inputs), runner, verification)
+
+
+def reverted(
+    captured: Captured, runner: Callable[..., Any], verification: Verification, reason: str
+) -> Verified:
+    """The choice failed `verification`: the original ships (run by `runner`), and `reason`
+    says why."""
+    fig, chosen = original(captured, Verdict.WRONG_OUTPUTS, reason)
+    replay = Transformed(captured.gm, captured.inputs)
+    return Verified(fig, chosen, replay, runner, verification)
+
+
+def replayed_and_checked(
+    program: ExportedProgram,
+    gm0: fx.GraphModule,
+    cand: Candidate,
+    trials: list[Inputs],
+    device: Device,
+) -> tuple[Transformed, Callable[..., Any], Verification]:
+    """`cand` replayed from the original (what `apply_config` gives) and its runner, both
+    checked against `gm0` on `trials`; the reason is why they differ, None when they agree."""
+    replay = replay_steps(program, cand.passes)
+    replay.gm.to(device.torch_device)
+    runner = cand.runner if cand.runner is not None else replay.gm
+    wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
+    if wrong is None:
+        wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
+    abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
+    check = Verification(
+        inputs=len(trials),
+        max_abs_error=abs_err,
+        max_rel_error=rel_err,
+        passed=wrong is None,
+        reason=wrong,
+    )
+    return replay, runner, check
+
+
+def verify_forward(
+    program: ExportedProgram,
+    captured: Captured,
+    fig: Figures,
+    chosen: Candidate,
+    points: list[SizePoint],
+    device: Device,
+) -> Verified:
+    """The config replayed from the original (eager) and the chosen runner must both match
+    the original, at the example's size and every further size tuned at; else the original
+    ships, with the reason."""
+    trials = fresh_inputs(captured.inputs, 3, seed=1234)
+    for point in points[1:]:
+        trials += fresh_inputs(point.inputs, 1, seed=1234)
+    replay, runner, verification = replayed_and_checked(
+        program, captured.gm, chosen, trials, device
+    )
+    wrong = verification.reason
+    if wrong is not None:
+        reason = f"the tuned module failed verification ({wrong}); the original stands"
+        return reverted(captured, captured.gm, verification, reason)
+    return Verified(fig, chosen, replay, runner, verification)
