@@ -38,6 +38,7 @@ import torch
 
 from tuner.contract.device import Device
 from tuner.contract.errors import DeviceUnavailableError
+from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.summary import Summary, order_rank, summarize
 
@@ -405,7 +406,8 @@ def _float64_twin(reference: Callable[..., Any]) -> Callable[..., Any] | None:
     try:
         with torch.no_grad(), warnings.catch_warnings(action="ignore", category=FutureWarning):
             twin = copy.deepcopy(reference).double()
-    except Exception:
+    except Exception as exc:
+        failures.fallback(exc, "a float64 copy of the reference", failures.anything)
         return None
 
     def run(*inputs: Any) -> Any:
@@ -444,12 +446,14 @@ def check_outputs(
             try:
                 got = pytree.tree_flatten(candidate(*_cloned(inputs)))[0]
             except Exception as exc:
-                return f"input set {i}: the candidate raised {type(exc).__name__}: {exc}"
+                reason = failures.fallback(exc, "an output check: the candidate's run").reason
+                return f"input set {i}: the candidate raised {reason}"
             exact: list[Any] | None = None
             if twin is not None:
                 try:
                     exact = pytree.tree_flatten(twin(*_cloned(inputs)))[0]
-                except Exception:
+                except Exception as exc:
+                    failures.fallback(exc, "the reference in float64", failures.anything)
                     twin = None
             if len(got) != len(first):
                 return f"input set {i}: {len(got)} outputs, expected {len(first)}"

@@ -32,6 +32,7 @@ from tuner.contract.device import CPU, Device
 from tuner.graph.capture import Inputs, refresh_meta
 from tuner.graph.sites import Site
 from tuner.graph.sizes import SizePoint
+from tuner.host import failures
 from tuner.measure.timing import (
     Comparison,
     check_outputs,
@@ -310,7 +311,9 @@ class SiteSearch:
                 return _decision(site, count, "failed to run", reason=reason)
             return self._judge(site, count, pair, result, label)
         except Exception as exc:
-            return _decision(site, count, "failed to run", reason=f"{type(exc).__name__}: {exc}")
+            where = f"measuring site {site.pass_name}:{site.id}" + (f" at {label}" if label else "")
+            reason = failures.fallback(exc, where).reason
+            return _decision(site, count, "failed to run", reason=reason)
 
     def _across_sizes(
         self,

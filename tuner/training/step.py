@@ -24,6 +24,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from tuner.contract.training import OPTIMIZER_NAMES
+from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.timing import leaf_mismatch
 from tuner.profiling.analysis import phase_range
@@ -245,7 +246,8 @@ def _doubled(inputs: tuple) -> tuple:
 def _float64_copy(module: nn.Module) -> nn.Module | None:
     try:
         return copy.deepcopy(module).double()
-    except Exception:
+    except Exception as exc:
+        failures.fallback(exc, "a float64 copy of the reference", failures.anything)
         return None
 
 
@@ -364,7 +366,8 @@ class ReferenceSteps:
                 if twin is not None:
                     try:
                         truth = twin.record(_doubled(inputs), self.seed + j)
-                    except Exception:
+                    except Exception as exc:
+                        failures.fallback(exc, "the reference step in float64", failures.anything)
                         twin = None
                     if truth is not None and not _twin_agrees(first, truth):
                         truth = None
@@ -382,7 +385,8 @@ class ReferenceSteps:
             try:
                 got = candidate.record(pack(inputs), self.seed + i)
             except Exception as exc:
-                return f"input set {i}: the candidate's step raised {type(exc).__name__}: {exc}"
+                reason = failures.fallback(exc, "a step check: the candidate's step").reason
+                return f"input set {i}: the candidate's step raised {reason}"
             self._note_errors(first, got)
             reason = step_mismatch(first, again, truth, got)
             if reason is not None:
@@ -530,14 +534,16 @@ def check_site_step(
         if twin is not None:
             try:
                 truth = _site_record(twin, _doubled(inputs), wanted, names, lambda a: a, seed + i)
-            except Exception:
+            except Exception as exc:
+                failures.fallback(exc, "the reference site in float64", failures.anything)
                 twin = None
             if truth is not None and not _twin_agrees(first, truth):
                 truth = None
         try:
             got = _site_record(candidate, inputs, wanted, names, pack, seed + i)
         except Exception as exc:
-            return f"input set {i}: the candidate raised {type(exc).__name__}: {exc}"
+            reason = failures.fallback(exc, "a site step check: the candidate's run").reason
+            return f"input set {i}: the candidate raised {reason}"
         reason = step_mismatch(first, again, truth, got)
         if reason is not None:
             return f"input set {i}, {reason}"

@@ -41,6 +41,7 @@ from tuner.deploy.replay import replay_steps, steps_of
 from tuner.graph.capture import Inputs, example_inputs, to_graph_module
 from tuner.graph.nodes import arg, aten
 from tuner.graph.shapes import spec_of
+from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.timing import (
     compare,
@@ -234,7 +235,8 @@ class TrainTuner(Tuner):
         try:
             wrong = self._reference.check(runner, t.pack)
         except Exception as exc:
-            return {"verdict": "failed to run", "reason": f"{type(exc).__name__}: {exc}"}, None
+            reason = failures.fallback(exc, f"checking candidate {cand.name}").reason
+            return {"verdict": "failed to run", "reason": reason}, None
         if wrong is not None:
             return {"verdict": "wrong outputs", "reason": wrong}, None
         base = self._baseline_runner(gm0)

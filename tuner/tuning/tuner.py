@@ -45,6 +45,7 @@ from tuner.graph.fingerprint import graph_fingerprint
 from tuner.graph.shapes import spec_of
 from tuner.graph.sites import Site
 from tuner.graph.sizes import SizePoint, size_points
+from tuner.host import failures
 from tuner.host.hardware import describe, hardware_key
 from tuner.measure.timing import (
     check_outputs,
@@ -265,7 +266,11 @@ class Tuner:
         """
         # Building a runner never changes its module (eager runs it, inductor exports it), so
         # one rewritten module serves every backend, as gm0 serves the baseline and the peers.
-        blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+        try:
+            blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+        except Exception as exc:  # only the "every pass" candidates are lost
+            failures.fallback(exc, "applying every pass")
+            blind = Transformed(gm0, inputs)
         blind_steps = _steps_from_sites(blind.applied)
         tuned = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy)) if greedy else None
         wanted = self.options.backends or backends.available_backends(self.device)
@@ -321,7 +326,8 @@ class Tuner:
                 gm0, lambda *a: runner(*t.pack(a)), [inputs, *fresh_inputs(inputs, 2)]
             )
         except Exception as exc:
-            return {"verdict": "failed to run", "reason": f"{type(exc).__name__}: {exc}"}, None
+            reason = failures.fallback(exc, f"checking candidate {cand.name}").reason
+            return {"verdict": "failed to run", "reason": reason}, None
         if wrong is not None:
             return {"verdict": "wrong outputs", "reason": wrong}, None
         budget = min(self.options.whole_model_budget_s, max(self._remaining(started), 0.5))
@@ -347,11 +353,14 @@ class Tuner:
         try:
             built = self._build(cand, left)
         except CompileOverrun as exc:
+            failures.fallback(exc, f"building candidate {cand.name}")
             return Figures(**fig, verdict="not measured", reason=str(exc))
         except CompileCrashed as exc:
+            failures.fallback(exc, f"building candidate {cand.name}")
             return Figures(**fig, verdict="crashed", reason=str(exc))
         except Exception as exc:
-            return Figures(**fig, verdict="failed to run", reason=f"{type(exc).__name__}: {exc}")
+            reason = failures.fallback(exc, f"building candidate {cand.name}").reason
+            return Figures(**fig, verdict="failed to run", reason=reason)
         runner = cand.runner = built.runner
         cand.package = built.package
         per_size = []
@@ -481,7 +490,8 @@ class Tuner:
         try:
             bucketed = self._bucketed(program, captured, candidates, figures, chosen_fig.name)
         except Exception as exc:  # buckets only refine a verified decision: keep that one
-            bucketed = _Bucketed(note=f"not bucketed: {type(exc).__name__}: {str(exc)[:300]}")
+            failure = failures.fallback(exc, "size buckets")
+            bucketed = _Bucketed(note=f"not bucketed: {failure.type}: {failure.message[:300]}")
         if bucketed.outcomes:
             verified = bucketed.headline
         config = self._config(fingerprint, captured, search, figures, verified, started)
@@ -780,7 +790,8 @@ class Tuner:
             )
             wrong = check_outputs(captured.gm, dispatch.module(), trials)
         except Exception as exc:
-            wrong = f"{type(exc).__name__}: {str(exc)[:300]}"
+            failure = failures.fallback(exc, "the dispatching program")
+            wrong = f"{failure.type}: {failure.message[:300]}"
         if wrong is not None:
             return _Bucketed(note=f"not bucketed: the dispatching program failed ({wrong})")
         example = captured.spec.sizes_of(captured.inputs) if captured.spec else {}
@@ -948,11 +959,13 @@ def tune_program(
 
     With a session of its own the work folder is gone on return, so the outcome carries no
     package (`write_outputs` then compiles one); callers that write outputs open
-    `tuning_session` themselves and call this inside it.
+    `tuning_session` themselves and call this inside it. Every exception that became a verdict
+    or a skip on the way is in `config.tuning["errors"]` (`tuner.host.failures`).
     """
     options = options or TuneOptions()
-    with tuning_session(options) as session:
+    with tuning_session(options) as session, failures.recording() as fell_back:
         outcome = tuner_for(session.mode)(session).tune(program, progress)
+    outcome.config.tuning["errors"] = fell_back.to_list()
     if options.workdir is None:
         outcome.package = None
     return outcome
