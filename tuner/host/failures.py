@@ -13,24 +13,26 @@ too. So every such place calls `fallback(exc, where, expected)`, which
 
 What is expected, by place (the `expected` argument):
 
-- `from_torch`, where fxtune hands torch something to build, lower or run that it merely tried:
-  building a candidate under a backend (torch.export, torch.compile, AOTInductor), running a
-  candidate or the original program (at another size too), counting its ops under a dispatch
-  mode, building the size-dispatching program, the op-by-op FLOP count on meta tensors, torch's
-  deserializer on an upload. Expected there: fxtune's own errors (`FxtuneError`: a compile
-  overrun or crash, a refused rewrite) and failures that torch raises: its exception classes
-  (a lowering error, a dynamo or export error), a `RuntimeError` or `NotImplementedError`
-  (torch's C++ errors surface as these, whichever frame called the op), and anything else raised
+- `from_torch` (the default), wherever fxtune hands torch something to build, lower or run that
+  it merely tried: building a candidate under a backend and its compiling first call
+  (`Tuner._judge`), checking a candidate (`_judge_at`), a candidate's run inside an output or
+  step check (`check_outputs`, `ReferenceSteps.check`, `check_site_step`), measuring a site
+  (`SiteSearch._measure`), applying every pass for the "every pass" candidates, the size buckets
+  and their dispatching program, running the original at another size (`size_points`), counting
+  ops under a dispatch mode (profiles). Expected there: fxtune's own errors (`FxtuneError`: a
+  compile overrun, crash or failure in its child, a refused rewrite) and what torch raises: its
+  exception classes (lowering, dynamo, export errors), a `RuntimeError` or `NotImplementedError`
+  (torch's C++ errors surface as these, whichever frame called the op), and anything raised
   inside torch's own code (or sympy, triton, the program's generated code). Not expected: an
-  `AttributeError`, `TypeError`, `KeyError`... raised by fxtune's own code (a pass's rewrite, the
-  site extraction, the search) or by anything else outside torch: that is a bug.
-- `ours`: only fxtune's own errors (measuring a site: its extraction and rewrite are fxtune's
-  code, the candidate's own run is judged by the output check, which expects `from_torch`).
-- `anything`: where the fallback loses only a refinement, never a verdict (the float64 copy of
-  the user's model that tightens an output check: any dtype the model cannot take in float64).
+  `AttributeError`, `TypeError`, `KeyError`... raised by fxtune's own code (a pass's rewrite,
+  the site extraction, packing a candidate's inputs) or by any other code outside torch: a bug.
+- `anything`, where the fallback loses only a refinement, never a verdict: the float64 copy of
+  the user's model that tightens an output check (a model may not run in float64 at all).
 
-The loader is stricter still (`tuner.loading`): there an unexpected exception is never a "bad
-upload" verdict (exit 2 tells the worker not to retry), strict or not; see `expected`.
+The loader is stricter still (`tuner.loading`, `input_fault`): an exception is blamed on the
+upload (a "bad upload", exit 2, which the worker never retries) only when `from_torch` expects
+it: torch's deserializer or its ops failing on the upload's data. Anything else is raised, strict
+or not, and exits 1.
 """
 
 from __future__ import annotations
