@@ -18,6 +18,8 @@ from tests.tuner.tuning_fixtures import BuggyRelu, registered
 from tuner.cli import app
 from tuner.contract.errors import (
     ArtifactFormatError,
+    CompileCrashed,
+    CompileOverrun,
     DeviceUnavailableError,
     FxtuneError,
     InputError,
@@ -41,6 +43,8 @@ ABSENT_GPU = f"cuda:{torch.cuda.device_count()}"  # one past the last, on any ma
         (DeviceUnavailableError("x"), ExitCode.DEVICE),
         (LoaderUnavailableError("x"), ExitCode.INTERNAL),
         (RankFailedError("x"), ExitCode.INTERNAL),
+        (CompileOverrun("x"), ExitCode.INTERNAL),  # escaped the candidate it belonged to
+        (CompileCrashed("SIGSEGV", 11), ExitCode.INTERNAL),
         (ArtifactFormatError("x"), ExitCode.USER_INPUT),
         (PassError("x"), ExitCode.USER_INPUT),
         (ProfileError("x"), ExitCode.USER_INPUT),
