@@ -233,7 +233,7 @@ def load_bounded(
         check_bounds(program, bounds, sizes)
     except FxtuneError:
         raise
-    except Exception as exc:  # the upload's shapes contradict its operators (fxtune's bug: raised)
+    except Exception as exc:  # torch refuses the upload's shapes (fxtune's own bug is raised)
         failures.input_fault(exc, "checking the program's resource bounds")
         raise ArtifactFormatError(
             f"the program's shapes do not propagate through its operators "
