@@ -59,7 +59,12 @@ class UnloadableProgram(ValueError):
 
 class AnalysisUnavailable(RuntimeError):
     """The check could not run at all here (no sandbox where one is required): the server's
-    fault, not the file's."""
+    fault, not the file's (HTTP 503)."""
+
+
+class AnalysisFailed(RuntimeError):
+    """The check itself failed (the checker exited 1: a bug, or this host): the server's fault,
+    not the file's (HTTP 500). Never "cannot be loaded": that is a verdict on the file."""
 
 
 @dataclass(frozen=True)
@@ -208,10 +213,15 @@ class ProgramAnalysis:
             raise UnloadableProgram(
                 f"checking {what} took longer than its {self.limits.wall_s:g} s limit"
             )
-        raise UnloadableProgram(
-            f"checking {what} failed within its limits "
-            f"({self.limits.memory_bytes >> 20} MiB, {self.limits.cpu_s} s of CPU): {detail}"
+        if done.returncode < 0:  # killed by a signal: its CPU limit (SIGXCPU), or a crash
+            raise UnloadableProgram(
+                f"checking {what} failed within its limits "
+                f"({self.limits.memory_bytes >> 20} MiB, {self.limits.cpu_s} s of CPU): {detail}"
+            )
+        log.error(
+            "checking %s failed with an internal error (exit %d): %s", what, done.returncode, detail
         )
+        raise AnalysisFailed(f"checking {what} failed with an internal error; nothing was stored")
 
     def _run_cold(self, args: list[str], files: dict[str, Path]) -> Outcome:
         """A child started for this check (the only way with FXTUNE_WARM_CHECKERS=0)."""

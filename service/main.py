@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.analysis import program_analysis
+from service.analysis import AnalysisFailed, AnalysisUnavailable, program_analysis
 from service.api.body_guard import BodyGuard
 from service.api.browser import BrowserGuard
 from service.api.config_cache import ConfigCache
@@ -110,6 +110,17 @@ def _add_error_handlers(app: FastAPI) -> None:
         code = status.HTTP_404_NOT_FOUND if isinstance(exc, NotFound) else status.HTTP_409_CONFLICT
         return JSONResponse({"detail": str(exc)}, status_code=code)
 
+    def checker_error(_: Request, exc: Exception) -> JSONResponse:
+        """The server's fault, never a verdict on the file: 503 where the checker cannot run
+        here, 500 where it failed (a bug); nothing was stored either way."""
+        unavailable = isinstance(exc, AnalysisUnavailable)
+        code = (
+            status.HTTP_503_SERVICE_UNAVAILABLE
+            if unavailable
+            else status.HTTP_500_INTERNAL_SERVER_ERROR
+        )
+        return JSONResponse({"detail": str(exc)}, status_code=code)
+
     def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         errors = exc.errors()
@@ -130,5 +141,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(NotFound, store_error)
     app.add_exception_handler(StaleLease, store_error)
     app.add_exception_handler(StoreError, store_error)
+    app.add_exception_handler(AnalysisUnavailable, checker_error)
+    app.add_exception_handler(AnalysisFailed, checker_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

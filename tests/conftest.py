@@ -1,8 +1,15 @@
-"""Root fixtures: a throw-away PostgreSQL on loopback, and a database URL per backend.
+"""Root fixtures: a throw-away PostgreSQL on loopback, a database URL per backend, and strict
+fallbacks for the whole suite.
 
 The PostgreSQL server starts once per session, only when a test asks for it, with `initdb` and
 `pg_ctl` (as user `postgres` when the tests run as root). FXTUNE_TEST_POSTGRES_URL points the
 suite at an existing server instead (a URL to a database the user may create databases from).
+
+The suite runs with FXTUNE_STRICT=1 (`tuner.host.failures`): an unexpected exception in a pass,
+a backend, the loader or the search raises instead of becoming a "failed to run" verdict, so a
+bug fails its test. It is set here, before anything reads it, and the children the tests start
+inherit it (`tuner.host.child_env` lets it through). A test that provokes a fallback on purpose
+asks for `allow_fallbacks` and says which fallback it exercises.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from pathlib import Path
 import pytest
 
 from service.launch import free_port
+from tuner.host import failures
+
+os.environ[failures.STRICT_ENV] = "1"
 
 
 @dataclass
@@ -145,3 +155,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'fxtune.db'}"
     return request.getfixturevalue("postgres").new_database()
+
+
+@pytest.fixture
+def allow_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unexpected exceptions become verdicts again (as outside the tests), in this process and
+    in the children it starts: for a test that provokes such a fallback on purpose."""
+    monkeypatch.setattr(failures, "settings", lambda: failures.FailureSettings(strict=False))
+    monkeypatch.setenv(failures.STRICT_ENV, "0")

@@ -18,7 +18,17 @@ class LeaseLost(Exception):
 
 
 class ServiceError(Exception):
-    """The service answered with an error we cannot act on."""
+    """The service answered with an error we cannot act on; `status` is its HTTP status (None
+    when the answer itself was wrong)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def servers_fault(self) -> bool:
+        """A 5xx: the service failed (a bug in its checks, a database down), not the request."""
+        return self.status is not None and self.status >= 500
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,8 @@ def _raise_for(resp: httpx.Response) -> None:
         raise LeaseLost(_detail(resp))
     if resp.is_error:
         raise ServiceError(
-            f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {_detail(resp)}"
+            f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {_detail(resp)}",
+            resp.status_code,
         )
 
 

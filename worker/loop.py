@@ -313,7 +313,11 @@ class Worker:
             except LeaseLost as exc:
                 return Outcome("lost", f"result refused: {exc}")
             except ServiceError as exc:
-                return self._fail(job, f"the service refused the result: {exc}", retryable=False)
+                # A 5xx is the service's fault (its check failed): another attempt may pass.
+                why = "could not check" if exc.servers_fault else "refused"
+                return self._fail(
+                    job, f"the service {why} the result: {exc}", retryable=exc.servers_fault
+                )
             except httpx.TransportError as exc:
                 log.warning("job %d: upload failed (%s); retrying", job.job_id, exc)
                 self._stop.wait(2**attempt)

@@ -18,7 +18,8 @@ DESCRIPTIONS = {
     413: "The upload is larger than the configured limit",
     415: "Not multipart/form-data, or not a torch.export .pt2 archive",
     422: "Invalid parameters or body, or an upload or result that fails validation",
-    503: "The database does not answer",
+    500: "Checking the file failed with an internal error (the server's fault; nothing stored)",
+    503: "The database does not answer, or the upload checker cannot run here",
 }
 
 

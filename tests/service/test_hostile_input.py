@@ -188,10 +188,11 @@ def test_startup_removes_every_dead_spool_but_not_a_live_one(tmp_path: Path) -> 
 def test_openapi_lists_the_error_statuses_of_each_route(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     expected = {
-        ("/api/v1/models", "post"): {"400", "401", "403", "413", "415", "422"},
+        ("/api/v1/models", "post"): {"400", "401", "403", "413", "415", "422", "500", "503"},
         ("/api/v1/models/{model_id}", "get"): {"403", "404", "422"},
         ("/api/v1/models/{model_id}/jobs", "post"): {"400", "403", "404", "422"},
-        ("/api/v1/jobs/{job_id}/complete", "post"): {"400", "401", "403", "404", "409", "413"},
+        ("/api/v1/jobs/{job_id}/complete", "post"): {"400", "401", "403", "404", "409", "413"}
+        | {"500", "503"},
         ("/api/v1/jobs/{job_id}/heartbeat", "post"): {"403", "404", "409", "422"},
         ("/api/v1/configs/{fingerprint}", "get"): {"304", "403", "404", "422"},
         ("/api/v1/models/{model_id}/sites.csv", "get"): {"403", "404", "422"},

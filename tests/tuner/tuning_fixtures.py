@@ -52,6 +52,17 @@ class WrongRelu(_ReluPass):
         node.target = aten.sigmoid.default
 
 
+class BuggyRelu(_ReluPass):
+    """A planted bug: its rewrite raises AttributeError, as a typo in a real pass would."""
+
+    name = "test_buggy_relu"
+    description = "test only"
+
+    def rewrite(self, gm: fx.GraphModule, site: Site) -> None:
+        (node,) = self.nodes_of(gm, site)
+        node.no_such_field.append(site)  # type: ignore[attr-defined]
+
+
 @contextmanager
 def registered(*classes: type[GraphPass]) -> Iterator[None]:
     for cls in classes:

@@ -22,7 +22,7 @@ from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
 from tuner.contract.exit_codes import ExitCode
 from tuner.host.sandbox import ChildResult
-from worker.client import Assignment, ServiceClient
+from worker.client import Assignment, ServiceClient, _raise_for
 from worker.config import WorkerSettings
 from worker.loop import Worker, _retryable, rank_result_files, result_files
 
@@ -73,7 +73,10 @@ def make_worker(url: str, mode: str, monkeypatch: pytest.MonkeyPatch, **opts: An
 def submit(url: str, program: Path) -> dict[str, Any]:
     with program.open("rb") as f:
         resp = httpx.post(
-            f"{url}/api/v1/models", files={"file": f}, data={"tune": "true", "budget_s": "3"}
+            f"{url}/api/v1/models",
+            files={"file": f},
+            data={"tune": "true", "budget_s": "3"},
+            timeout=60,  # the upload's check starts a child that imports torch: 5 s under load
         )
     resp.raise_for_status()
     return resp.json()
@@ -306,3 +309,33 @@ def test_the_lease_is_kept_while_the_result_is_being_accepted(
     job = job_of(url, model["job"]["id"])
     assert job["status"] == "succeeded" and job["attempts"] == 1, job
     assert any(m == "uploading the result" for _, m in worker.client.beats)  # type: ignore[attr-defined]
+
+
+class AnswersComplete(ServiceClient):
+    """The service's answer to the result, and what the worker then reports."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__("http://x", None)
+        self.status = status
+        self.failed: list[tuple[str, bool]] = []
+
+    def complete(self, job: Assignment, files: dict[str, Path]) -> dict[str, Any]:
+        request = httpx.Request("POST", f"http://x/api/v1/jobs/{job.job_id}/complete")
+        _raise_for(httpx.Response(self.status, json={"detail": "why"}, request=request))
+        return {}
+
+    def fail(self, job: Assignment, error: str, retryable: bool) -> dict[str, Any]:
+        self.failed.append((error, retryable))
+        return {}
+
+
+@pytest.mark.parametrize(("status", "retry"), [(500, True), (503, True), (422, False)])
+def test_a_result_the_service_failed_to_check_is_retried(status: int, retry: bool) -> None:
+    """A 5xx is the service's fault (its check of the result failed): another attempt may pass;
+    a 422 is a verdict on the result."""
+    job = Assignment(1, 1, "cpu", None, "token", 30.0, "0" * 64, 1, "m", "/file")
+    client = AnswersComplete(status)
+    worker = Worker(WorkerSettings(), "cpu", HARDWARE, client)
+    assert worker._complete(job, {}).status == "failed"
+    ((error, retryable),) = client.failed
+    assert retryable is retry and f"{status} why" in error

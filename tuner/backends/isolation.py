@@ -33,28 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.contract.errors import FxtuneError
+from tuner.contract.errors import CompileCrashed, CompileFailed, CompileOverrun
 from tuner.host.child_env import fxtune_python_path
-
-
-class CompileOverrun(FxtuneError):
-    """A compile was stopped because it did not finish in the time it was given."""
-
-
-class CompileFailed(FxtuneError):
-    """The child compile exited with an error."""
-
-
-class CompileCrashed(FxtuneError):
-    """The child died by a signal while compiling the package or running it once."""
-
-    def __init__(self, signal_name: str, signal_number: int, what: str = "the package") -> None:
-        super().__init__(
-            f"crashed: {signal_name} (signal {signal_number}) while compiling {what} or "
-            "running it once, in a child process; tuning went on without it"
-        )
-        self.signal_name = signal_name
-
 
 # The child's module; a test points it at a child that crashes for real.
 CHILD_MODULE = "tuner.backends.child"

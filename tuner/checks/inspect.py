@@ -10,7 +10,9 @@ object to the file named by `--out`:
     warm        import everything first, then run one of the above read from stdin (`checks.warm`)
 
 Exit codes are the tuner's (`tuner.contract.exit_codes`): 2 for a bad program, 3 for a refused one
-(the message on stderr names the node or field), 1 for a bug.
+(the message on stderr names the node or field; running out of memory under the child's cap
+counts as refused, as a resource bomb the static bounds missed), 1 for a bug: the service then
+answers with a 5xx, never with "bad upload".
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from tuner.checks.warm import serve_one
 from tuner.contract.errors import FxtuneError
-from tuner.contract.exit_codes import exit_code_for
+from tuner.contract.exit_codes import ExitCode, exit_code_for
 
 
 def inspect_program(path: Path) -> dict[str, Any]:
@@ -92,8 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     except FxtuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return int(exit_code_for(exc))
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        print("error: refused: it ran out of memory within the check's limit", file=sys.stderr)
+        return int(ExitCode.REFUSED)
     args.out.write_text(json.dumps(result))
     return 0
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Python's MemoryError, or torch's CPU allocator failing (a plain RuntimeError, told apart
+    only by its message) or its OutOfMemoryError."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
 if __name__ == "__main__":

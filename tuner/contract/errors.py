@@ -47,3 +47,28 @@ class RankFailedError(FxtuneError):
 
 class NoConfigError(FxtuneError):
     """The service has no tuned config for this model and device (`fxtune fetch`)."""
+
+
+class CompileError(FxtuneError):
+    """A compile in a child process (`tuner.backends.isolation`) did not give a runner: the
+    tuner turns it into a candidate's verdict; one that escapes is torch's or this host's
+    failure, not the input's."""
+
+
+class CompileOverrun(CompileError):
+    """A compile was stopped because it did not finish in the time it was given."""
+
+
+class CompileFailed(CompileError):
+    """The child compile exited with an error."""
+
+
+class CompileCrashed(CompileError):
+    """The child died by a signal while compiling the package or running it once."""
+
+    def __init__(self, signal_name: str, signal_number: int, what: str = "the package") -> None:
+        super().__init__(
+            f"crashed: {signal_name} (signal {signal_number}) while compiling {what} or "
+            "running it once, in a child process; tuning went on without it"
+        )
+        self.signal_name = signal_name

@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from tuner.contract.errors import (
+    CompileError,
     DeviceUnavailableError,
     FxtuneError,
     LoaderUnavailableError,
@@ -34,6 +35,7 @@ EXIT_CODES: dict[type[BaseException], ExitCode] = {
     LoaderUnavailableError: ExitCode.INTERNAL,  # this torch's fault, not the user's
     RankFailedError: ExitCode.INTERNAL,  # a rank died: any cause, retry may succeed
     UncheckedTorchError: ExitCode.INTERNAL,  # this host's torch: another worker's may be checked
+    CompileError: ExitCode.INTERNAL,  # torch's or this host's compile, not the input
     FxtuneError: ExitCode.USER_INPUT,
 }
 

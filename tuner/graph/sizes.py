@@ -17,6 +17,7 @@ import torch
 
 from tuner.contract.errors import InputError
 from tuner.graph.shapes import ShapeSpec
+from tuner.host import failures
 
 Sizes = dict[str, list[int]]
 
@@ -161,6 +162,7 @@ def size_points(
             with torch.no_grad():
                 runs(made)
         except Exception as exc:
+            failures.fallback(exc, f"running the original program at {label}")
             skipped.append(
                 f"{label}: the original program fails on inputs made at this size "
                 f"({type(exc).__name__}: {str(exc)[:200]})"

@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tuner.host.failures import STRICT_ENV
+
 # Passed through when the parent has them: what Python, torch and its native libraries read.
 ALLOWED_NAMES = frozenset(
     {
@@ -31,6 +33,7 @@ ALLOWED_NAMES = frozenset(
         "ROCR_VISIBLE_DEVICES",
         "PJRT_DEVICE",
         "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",
+        STRICT_ENV,  # fxtune's own: unexpected exceptions raise rather than fall back
     }
 )
 ALLOWED_PREFIXES = (

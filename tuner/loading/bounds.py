@@ -25,10 +25,11 @@ from torch import fx
 from torch.export import ExportedProgram
 from torch.utils.flop_counter import FlopCounterMode
 
-from tuner.contract.errors import ArtifactFormatError, FxtuneError, InputError, UnsafeArtifactError
+from tuner.contract.errors import ArtifactFormatError, FxtuneError, UnsafeArtifactError
 from tuner.graph.capture import example_inputs, to_graph_module
 from tuner.graph.shapes import SPEC_KEY, ShapeSpec
 from tuner.graph.sizes import default_sizes
+from tuner.host import failures
 
 GiB = 1024**3
 # Sustained FLOP/s assumed per device kind when a budget turns into a FLOP limit.
@@ -134,7 +135,8 @@ def _flops(node: fx.Node, values: Mapping[str, int]) -> float:
             node.target(*args, **kwargs)
     except ResourceBoundError:
         raise
-    except Exception:  # an op without a meta kernel (data-dependent): no FLOPs known
+    except Exception as exc:  # an op without a meta kernel (data-dependent): no FLOPs known
+        failures.input_fault(exc, f"counting the FLOPs of node {node.name}")
         return 0.0
     return float(counter.get_total_flops())
 
@@ -229,11 +231,10 @@ def load_bounded(
     bounds = Bounds.for_host(physical_memory_bytes(), budget_s, device_kind)
     try:
         check_bounds(program, bounds, sizes)
-    except (FxtuneError, KeyError) as exc:
-        if isinstance(exc, KeyError):  # a size named for a dim this program lacks
-            raise InputError(str(exc)) from None
+    except FxtuneError:
         raise
-    except Exception as exc:  # the upload's shapes contradict its operators
+    except Exception as exc:  # torch refuses the upload's shapes (fxtune's own bug is raised)
+        failures.input_fault(exc, "checking the program's resource bounds")
         raise ArtifactFormatError(
             f"the program's shapes do not propagate through its operators "
             f"({type(exc).__name__}: {str(exc)[:300]})"

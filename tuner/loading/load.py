@@ -26,6 +26,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from tuner.contract.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
+from tuner.host import failures
 from tuner.loading.archive import ArchiveLimits, ProgramArchive, open_archive
 from tuner.loading.op_policy import check_program_json
 from tuner.loading.program_schema import sanitize_payload_config, sanitize_program
@@ -95,6 +96,7 @@ def _unpickle(data: bytes, what: str) -> Any:
     try:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:  # the restricted unpickler says why in its message
+        failures.input_fault(exc, f"unpickling {what}")
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UnsafeArtifactError(
             f"refused to load {what}: it needs more than plain tensors ({reason}). "
@@ -270,7 +272,8 @@ def load_program(path: Path | str, limits: ArchiveLimits | None = None) -> Expor
             program = serialize.deserialize(artifact)
     except (UnsafeArtifactError, ArtifactFormatError):
         raise
-    except Exception as exc:
+    except Exception as exc:  # torch's deserializer, not written for hostile input, says why
+        failures.input_fault(exc, "deserializing the program")
         raise ArtifactFormatError(f"could not load {Path(path).name}: {exc}") from exc
     if not isinstance(program, ExportedProgram):
         raise ArtifactFormatError(f"{Path(path).name} holds no ExportedProgram")

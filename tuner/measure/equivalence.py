@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.inputs import cloned
 
@@ -86,7 +87,8 @@ def float64_copy(module: Any) -> torch.nn.Module | None:
     try:
         with torch.no_grad(), warnings.catch_warnings(action="ignore", category=FutureWarning):
             return copy.deepcopy(module).double()
-    except Exception:
+    except Exception as exc:
+        failures.fallback(exc, "a float64 copy of the reference", failures.anything)
         return None
 
 
@@ -255,12 +257,14 @@ def check_outputs(
             try:
                 got = _leaves(candidate(*cloned(inputs)))
             except Exception as exc:
-                return f"input set {i}: the candidate raised {type(exc).__name__}: {exc}"
+                reason = failures.fallback(exc, "an output check: the candidate's run").reason
+                return f"input set {i}: the candidate raised {reason}"
             exact: list[Any] | None = None
             if twin is not None:
                 try:
                     exact = _leaves(twin(*cloned(inputs)))
-                except Exception:
+                except Exception as exc:
+                    failures.fallback(exc, "the reference in float64", failures.anything)
                     twin = None
             reason = outputs_mismatch(first, second, exact, got)
             if reason is not None:

@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from tuner.contract.device import Device
 from tuner.contract.errors import FxtuneError
+from tuner.host import failures
 from tuner.profiling.analysis import (
     ITERATION,
     PHASES,
@@ -143,6 +144,7 @@ def _count_ops(fn: Callable[[], Any], device: Device, missing: list[str]) -> flo
     try:
         counts = count_dispatched_ops(fn)
     except Exception as exc:  # a callable the mode cannot run through: record it, keep profiling
+        failures.fallback(exc, "counting ops under TorchDispatchMode")
         missing.append(f"ops_per_iter: counting under TorchDispatchMode failed ({exc})")
         return None
     finally:

@@ -33,6 +33,7 @@ from tuner.contract.device import CPU, Device
 from tuner.graph.capture import Inputs, refresh_meta
 from tuner.graph.sites import Site
 from tuner.graph.sizes import SizePoint
+from tuner.host import failures
 from tuner.measure.equivalence import check_outputs
 from tuner.measure.inputs import fresh_inputs
 from tuner.measure.timing import compare
@@ -299,8 +300,9 @@ class SiteSearch:
                 return _decision(site, count, Verdict.FAILED_TO_RUN, reason=reason)
             return self._judge(site, count, pair, result, label)
         except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}"
-            return _decision(site, count, Verdict.FAILED_TO_RUN, reason=why)
+            where = f"measuring site {site.pass_name}:{site.id}" + (f" at {label}" if label else "")
+            reason = failures.fallback(exc, where).reason
+            return _decision(site, count, Verdict.FAILED_TO_RUN, reason=reason)
 
     def _across_sizes(
         self,

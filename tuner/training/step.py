@@ -23,6 +23,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from tuner.contract.training import OPTIMIZER_NAMES
+from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.equivalence import (
     ELEMENTWISE,
@@ -292,7 +293,8 @@ class ReferenceSteps:
                 if twin is not None:
                     try:
                         truth = twin.record(doubled(inputs), self.seed + j)
-                    except Exception:
+                    except Exception as exc:
+                        failures.fallback(exc, "the reference step in float64", failures.anything)
                         twin = None
                     if truth is not None and not twin_agrees(first.loss, truth.loss):
                         truth = None
@@ -310,7 +312,8 @@ class ReferenceSteps:
             try:
                 got = candidate.record(pack(inputs), self.seed + i)
             except Exception as exc:
-                return f"input set {i}: the candidate's step raised {type(exc).__name__}: {exc}"
+                reason = failures.fallback(exc, "a step check: the candidate's step").reason
+                return f"input set {i}: the candidate's step raised {reason}"
             self.output_errors = self.output_errors.worst(error_figures(first.outputs, got.outputs))
             reason = step_mismatch(first, again, truth, got)
             if reason is not None:
@@ -445,14 +448,16 @@ def check_site_step(
         if twin is not None:
             try:
                 truth = _site_record(twin, doubled(inputs), wanted, names, lambda a: a, seed + i)
-            except Exception:
+            except Exception as exc:
+                failures.fallback(exc, "the reference site in float64", failures.anything)
                 twin = None
             if truth is not None and not twin_agrees(first.loss, truth.loss):
                 truth = None
         try:
             got = _site_record(candidate, inputs, wanted, names, pack, seed + i)
         except Exception as exc:
-            return f"input set {i}: the candidate raised {type(exc).__name__}: {exc}"
+            reason = failures.fallback(exc, "a site step check: the candidate's run").reason
+            return f"input set {i}: the candidate raised {reason}"
         reason = step_mismatch(first, again, truth, got)
         if reason is not None:
             return f"input set {i}, {reason}"

@@ -21,6 +21,7 @@ from tuner.contract.config import Bucket, Figures, Verdict, Verification
 from tuner.contract.device import Device
 from tuner.deploy.dispatch import dispatching_program
 from tuner.graph.sizes import SizePoint
+from tuner.host import failures
 from tuner.measure.equivalence import check_outputs
 from tuner.measure.inputs import fresh_inputs
 from tuner.passes.apply import Transformed
@@ -88,7 +89,8 @@ def bucketed(
         )
         wrong = check_outputs(captured.gm, dispatch.module(), trials)
     except Exception as exc:
-        wrong = f"{type(exc).__name__}: {str(exc)[:300]}"
+        failure = failures.fallback(exc, "the dispatching program")
+        wrong = f"{failure.type}: {failure.message[:300]}"
     if wrong is not None:
         return Bucketed(note=f"not bucketed: the dispatching program failed ({wrong})")
     headline = _headline(captured, outcomes, checks, by_name)

@@ -24,6 +24,7 @@ from tuner.deploy.replay import steps_of
 from tuner.graph.capture import Inputs, example_inputs, to_graph_module
 from tuner.graph.shapes import spec_of
 from tuner.graph.sizes import SizePoint, size_points
+from tuner.host import failures
 from tuner.measure.equivalence import check_outputs
 from tuner.measure.inputs import fresh_inputs
 from tuner.passes import pass_names
@@ -160,7 +161,11 @@ def forward_candidates(
     """
     # Building a runner never changes its module (eager runs it, inductor exports it), so
     # one rewritten module serves every backend, as gm0 serves the baseline and the peers.
-    blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+    try:
+        blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+    except Exception as exc:  # only the "every pass" candidates are lost
+        failures.fallback(exc, "applying every pass")
+        blind = Transformed(gm0, inputs)
     blind_steps = steps_from_sites(blind.applied)
     tuned = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy)) if greedy else None
     blind_differs = bool(blind.applied) and blind_steps != greedy

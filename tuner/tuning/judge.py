@@ -18,6 +18,7 @@ from tuner.backends.isolation import CompileCrashed, CompileOverrun
 from tuner.contract.config import Figures, Verdict
 from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
+from tuner.host import failures
 from tuner.measure.timing import compare
 from tuner.measure.verdicts import Comparison, timing_fields, verdict
 from tuner.search.across_sizes import combined_verdict, size_figures
@@ -64,12 +65,14 @@ class Judge:
         try:
             built = self.kind.build(cand, left)
         except CompileOverrun as exc:
+            failures.fallback(exc, f"building candidate {cand.name}")
             return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=str(exc))
         except CompileCrashed as exc:
+            failures.fallback(exc, f"building candidate {cand.name}")
             return Figures(**fig, verdict=Verdict.CRASHED, reason=str(exc))
         except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}"
-            return Figures(**fig, verdict=Verdict.FAILED_TO_RUN, reason=why)
+            reason = failures.fallback(exc, f"building candidate {cand.name}").reason
+            return Figures(**fig, verdict=Verdict.FAILED_TO_RUN, reason=reason)
         runner = cand.runner = built.runner
         cand.package = built.package
         points = self.run.points
@@ -107,8 +110,8 @@ class Judge:
         try:
             wrong = self.kind.check(gm0, inputs, runner, pack)
         except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}"
-            return {"verdict": Verdict.FAILED_TO_RUN, "reason": why}, None
+            reason = failures.fallback(exc, f"checking candidate {cand.name}").reason
+            return {"verdict": Verdict.FAILED_TO_RUN, "reason": reason}, None
         if wrong is not None:
             return {"verdict": Verdict.WRONG_OUTPUTS, "reason": wrong}, None
         baseline, candidate = self.kind.baseline(gm0), self.kind.timed_call(runner)

@@ -51,6 +51,7 @@ from tuner.deploy.replay import replay_steps, steps_of
 from tuner.graph.capture import Inputs, example_inputs, to_graph_module
 from tuner.graph.nodes import arg, aten
 from tuner.graph.shapes import spec_of
+from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.inputs import fresh_inputs
 from tuner.measure.timing import compare
@@ -267,7 +268,11 @@ def training_candidates(
 ) -> list[Candidate]:
     """The trainable peers (`wanted` but eager), then under each backend the winning sites,
     every pass, and each pass that fires on its own (under eager), each pass set once."""
-    blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+    try:
+        blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+    except Exception as exc:  # only the "every pass" candidates are lost
+        failures.fallback(exc, "applying every pass")
+        blind = Transformed(gm0, inputs)
     blind_steps = steps_from_sites(blind.applied)
     original = Transformed(gm0, inputs)
     out = [Candidate(b, b, [], original) for b in wanted if b != "eager"]

@@ -32,6 +32,7 @@ from tuner.contract.config import Figures, TunedConfig
 from tuner.graph.capture import on_device, to_graph_module
 from tuner.graph.fingerprint import graph_fingerprint
 from tuner.graph.sizes import SizePoint
+from tuner.host import failures
 from tuner.measure.equivalence import output_errors
 from tuner.measure.timing import fixed_threads
 from tuner.passes.apply import Transformed
@@ -209,7 +210,8 @@ class Tuner:
                 program, captured, run.points, run.candidates, figures, fig.name, run.device
             )
         except Exception as exc:  # buckets only refine a verified decision: keep that one
-            buckets = Bucketed(note=f"not bucketed: {type(exc).__name__}: {str(exc)[:300]}")
+            failure = failures.fallback(exc, "size buckets")
+            buckets = Bucketed(note=f"not bucketed: {failure.type}: {failure.message[:300]}")
         return buckets.headline or verified, buckets
 
     def _outcome(
@@ -241,11 +243,13 @@ def tune_program(
 
     With a session of its own the work folder is gone on return, so the outcome carries no
     package (`write_outputs` then compiles one); callers that write outputs open
-    `tuning_session` themselves and call this inside it.
+    `tuning_session` themselves and call this inside it. Every exception that became a verdict
+    or a skip on the way is in `config.tuning["errors"]` (`tuner.host.failures`).
     """
     options = options or TuneOptions()
-    with tuning_session(options) as session:
+    with tuning_session(options) as session, failures.recording() as fell_back:
         outcome = Tuner(session).tune(program, progress)
+    outcome.config.tuning["errors"] = fell_back.to_list()
     if options.workdir is None:
         outcome.package = None
     return outcome

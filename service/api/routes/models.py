@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from functools import partial
 from pathlib import Path
@@ -15,7 +16,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from service.analysis import UnloadableProgram
+from service.analysis import AnalysisFailed, UnloadableProgram
 from service.api.deps import (
     AnalysisDep,
     ArtifactsDep,
@@ -48,6 +49,7 @@ from tuner.contract.training import OPTIMIZER_NAMES
 from tuner.loading.load import check_archive
 
 router = APIRouter(tags=["models"])
+log = logging.getLogger("fxtune.service")
 
 MB = 1024 * 1024
 MAX_NAME = 255
@@ -108,7 +110,7 @@ def _options(request: Request, fields: dict[str, str]) -> UploadOptions:
     openapi_extra=UPLOAD_BODY,
     responses={
         200: {"description": "These bytes were uploaded before", "model": ModelOut},
-        **errors(400, 401, 413, 415, 422),
+        **errors(400, 401, 413, 415, 422, 500, 503),
     },
 )
 async def upload_model(
@@ -139,6 +141,11 @@ async def upload_model(
             raise _unsupported(str(exc)) from None
         except UnsafeArtifactError as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+        except Exception as exc:  # fxtune's bug, not a verdict on the file: a 500, not a 4xx
+            log.exception("checking an upload's archive failed with an internal error")
+            raise AnalysisFailed(
+                "checking the uploaded archive failed with an internal error; nothing was stored"
+            ) from exc
         known = await run_in_threadpool(store.model_with_sha256, spool.sha256)
         if known is not None and known.fingerprint is not None:
             fingerprint = known.fingerprint  # the same bytes again: checked when first uploaded

@@ -153,7 +153,7 @@ def fail(job_id: IdPath, body: FailIn, store: StoreDep) -> JobOut:
     "/jobs/{job_id}/complete",
     response_model=JobOut,
     openapi_extra=COMPLETE_BODY,
-    responses=errors(400, 401, 404, 409, 413, 415, 422),
+    responses=errors(400, 401, 404, 409, 413, 415, 422, 500, 503),
 )
 async def complete(
     job_id: IdPath,
