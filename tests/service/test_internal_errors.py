@@ -35,7 +35,10 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(data_dir: Path, tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(data_dir=data_dir, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    # Cold checks (warm_checkers=0): the tests plant the child's result through `run_child`; the
+    # warm path maps a child's exit through the same function (tests/service/test_warm_checkers.py).
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    settings = Settings(data_dir=data_dir, database_url=db, warm_checkers=0)
     with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as c:
         yield c
 
