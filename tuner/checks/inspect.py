@@ -60,8 +60,9 @@ def _verify(original: Path, tuned: Path, config_path: Path) -> dict[str, Any]:
 def warm_up() -> None:
     """What a first check would otherwise import: the checks, torch, and torch's program
     deserializer, which the loader imports on first use (it brings TorchDynamo: a second)."""
-    import torch._export.serde.serialize  # noqa: F401
+    from tuner.host.torch_compat import private
 
+    private("torch._export.serde.serialize")
     import tuner.checks.verify_result
     import tuner.graph.fingerprint
     import tuner.loading.bounds
