@@ -30,7 +30,7 @@ from tests.service.helpers import (
     wait_for,
     worker_process,
 )
-from tests.tuner.test_client import load_recording
+from tests.tuner.client_helpers import load_recording
 from tuner.cli import app
 from tuner.deploy.client import CheckedInputs
 from tuner.graph.fingerprint import model_fingerprint

@@ -21,10 +21,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from tests.tuner.test_client import (  # noqa: F401  (service: the fixture)
-    FakeService,
-    service,
-)
+from tests.tuner.client_helpers import FakeService, dropped_program, tuned_config
 from tests.tuner.tuning_fixtures import (
     CHAIN_WIDTH,
     Associate,
@@ -138,8 +135,6 @@ def test_no_buckets_when_several_dims_vary_together() -> None:
 
 def test_configs_without_buckets_still_load() -> None:
     """A schema 2 config (no `buckets`) parses to an empty list: one decision for every size."""
-    from tests.tuner.test_client import dropped_program, tuned_config
-
     doc = tuned_config(dropped_program(), "remove_dropout", schema_version=2)
     doc.pop("buckets", None)
     assert TunedConfig.model_validate(doc).buckets == []
@@ -313,12 +308,12 @@ def _serves_the_range(model: nn.Module, outcome: Any, path: Path) -> None:
 def test_load_tuned_builds_each_bucket_once_and_picks_per_call(
     chain: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     model, program = chain
     outcome, _ = tuned
-    url, fake = service
+    url, fake = config_service
     fake.configs[outcome.config.model_fingerprint] = outcome.config.model_dump(by_alias=True)
     with registered(Reassociate), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -355,7 +350,7 @@ def test_load_tuned_builds_each_bucket_once_and_picks_per_call(
 def test_a_config_whose_buckets_leave_a_gap_is_not_used(
     chain: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     """Sizes in a gap would have no module: the client runs the model untuned, with why."""
@@ -363,7 +358,7 @@ def test_a_config_whose_buckets_leave_a_gap_is_not_used(
     outcome, _ = tuned
     doc = outcome.config.model_dump(by_alias=True)
     doc["buckets"][1]["min"] += 10
-    url, fake = service
+    url, fake = config_service
     fake.configs[outcome.config.model_fingerprint] = doc
     with registered(Reassociate), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

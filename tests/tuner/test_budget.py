@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 from examples.build import build
 from examples.models import EXAMPLES, recsys
 from fxtune_cli import app
-from tests.tuner.test_tune import SplitNormTanh
-from tests.tuner.tuning_fixtures import WrongRelu, registered
+from tests.tuner.tuning_fixtures import SplitNormTanh, WrongRelu, registered
 from tuner.backends.compile_time import CompileTimes
 from tuner.backends.isolation import CompileOverrun, compile_aoti_in_child
 from tuner.contract.device import Device

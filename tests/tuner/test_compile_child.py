@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.backends import isolation
 from tuner.graph.capture import export_module
 from tuner.tuning.tuner import TuneOptions, tune_program

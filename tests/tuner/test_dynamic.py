@@ -19,11 +19,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from examples.dynamic import BATCH_MAX, BATCH_MIN, mlp_inputs, mlp_split
-from tests.tuner.test_client import (  # noqa: F401  (service: the fixture)
-    FakeService,
-    service,
-    tuned_config,
-)
+from tests.tuner.client_helpers import FakeService, tuned_config
 from tuner.backends import registry as backends
 from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, load_tuned
 from tuner.graph.capture import export_module, save_program, to_graph_module
@@ -309,12 +305,12 @@ def _calls(module: nn.Module, *inputs: Any) -> tuple[Any, list[str]]:
 def test_load_tuned_serves_the_range_and_falls_back_outside(
     mlp: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     model, program = mlp
     outcome, _ = tuned
-    url, fake = service
+    url, fake = config_service
     fake.configs[outcome.config.model_fingerprint] = outcome.config.model_dump(by_alias=True)
     module, warned = _load(program, url, tmp_path)
     assert warned == [] and isinstance(module, CheckedInputs)
@@ -333,14 +329,14 @@ def test_load_tuned_serves_the_range_and_falls_back_outside(
 
 def test_load_tuned_of_a_static_program_runs_other_sizes_untuned(
     mlp: tuple[nn.Module, Any],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     """A static program tuned at 32: batch 8 goes to the untuned module with one warning, never
     to the tuned graph (whose views were built for 32)."""
     model, _ = mlp
     static = export_module(model, mlp_inputs(32))
-    url, fake = service
+    url, fake = config_service
     # The LayerNorm fusion's views are built for the program's sizes: (32, 8, 32) here.
     fake.configs[model_fingerprint(static)] = tuned_config(static, "fuse_horizontal_layernorm")
     module, warned = _load(static, url, tmp_path)

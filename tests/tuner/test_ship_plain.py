@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from examples.models import recsys
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.backends import registry as backends
 from tuner.graph.capture import export_module, to_graph_module
 from tuner.profiling.profile import profile_callable

@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from fxtune_cli import app
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.graph.capture import export_module, save_program
 from tuner.tuning.tuner import TuneOptions, tune_program
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.graph.capture import export_module, to_graph_module
 from tuner.measure import timing as measure
 from tuner.measure.summary import summarize

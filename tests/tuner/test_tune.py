@@ -12,30 +12,11 @@ from torch.export import ExportedProgram
 from typer.testing import CliRunner
 
 from fxtune_cli import app
-from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, registered
+from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, SplitNormTanh, registered
 from tuner.contract.config import TunedConfig
 from tuner.deploy.replay import apply_config
 from tuner.graph.capture import export_module, save_program
 from tuner.tuning.tuner import TuneOptions, tune_program
-
-
-class SplitNormTanh(nn.Module):
-    """The seed's pattern at a size where fusing 24 small norms pays off on a CPU."""
-
-    def __init__(self, n: int = 24, d: int = 16) -> None:
-        super().__init__()
-        self.n, self.d = n, d
-        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
-        for norm in self.norms:
-            nn.init.normal_(norm.weight)
-            nn.init.normal_(norm.bias)
-        self.out = nn.Linear(n * d, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pieces = torch.split(x, self.d, dim=1)
-        return self.out(
-            torch.cat([torch.tanh(m(p)) for m, p in zip(self.norms, pieces, strict=True)], dim=1)
-        )
 
 
 def _program(module: nn.Module, *inputs: torch.Tensor) -> ExportedProgram:
