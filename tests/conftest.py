@@ -1,4 +1,5 @@
-"""Root fixtures: a throw-away PostgreSQL on loopback, and a database URL per backend.
+"""Root fixtures: a throw-away PostgreSQL on loopback, a database URL per backend, and the
+crafted hostile files.
 
 The PostgreSQL server starts once per session, only when a test asks for it, with `initdb` and
 `pg_ctl` (as user `postgres` when the tests run as root). FXTUNE_TEST_POSTGRES_URL points the
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from service.launch import free_port
+from tests.crafted import hostile_files
 
 
 @dataclass
@@ -137,6 +139,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in marked:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The crafted hostile files (tests/crafted.py), built once per session: defined here, not
+    imported into each test module, where pytest would build a session fixture once per module."""
+    return hostile_files(tmp_path_factory.mktemp("hostile"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -14,7 +14,6 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
@@ -283,10 +282,9 @@ def strided_weight(src: Path, dst: Path) -> Path:
     return rewrite(src, dst, edit)
 
 
-@pytest.fixture(scope="session")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every crafted file, built once per session (the 4 GiB bomb takes a few seconds)."""
-    root = tmp_path_factory.mktemp("hostile")
+def hostile_files(root: Path) -> dict[str, Path]:
+    """Every crafted file, written into `root` (the session fixture `hostile` builds them once:
+    the 4 GiB bomb takes a few seconds)."""
     good = good_program(root / "good.pt2")
     dynamic = dynamic_program(root / "dynamic.pt2")
     marker = root / CODE_MARKER

@@ -10,10 +10,8 @@ import httpx
 import pytest
 
 from service.core.config import Settings
-from tests.crafted import CODE_MARKER, MARKER_ENV, hostile
+from tests.crafted import CODE_MARKER, MARKER_ENV
 from tests.service.helpers import thread_server
-
-__all__ = ["hostile"]  # the session fixture, used by name below
 
 WHY = {
     "planted_library": "AOTInductor members carry native libraries",

@@ -19,12 +19,10 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from tests.crafted import MARKER_ENV, hostile
+from tests.crafted import MARKER_ENV
 from tuner.contract.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
 from tuner.graph.capture import example_inputs, export_module, save_program
 from tuner.loading.load import check_archive, load_program
-
-__all__ = ["hostile"]  # the session fixture, used by name below
 
 REFUSALS = {
     "planted_library": (UnsafeArtifactError, "AOTInductor members carry native libraries"),
