@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from service.launch import free_port
+from tests import parallel
 from tests.crafted import hostile_files
 
 
@@ -127,8 +128,10 @@ def postgres() -> Iterator[Postgres]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `cuda` skip where torch sees no CUDA device (`pytest -m cuda` selects them
-    on a GPU machine, and `make gpu-check` runs them there)."""
+    """Files with slow tests go first (tests/parallel.py). Tests marked `cuda` skip where torch
+    sees no CUDA device (`pytest -m cuda` selects them on a GPU machine, and `make gpu-check`
+    runs them there)."""
+    parallel.slow_files_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
@@ -139,6 +142,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in marked:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist, a `serial` test runs with no other test beside it (tests/parallel.py)."""
+    folder = parallel.lock_folder(item.config)
+    if folder is None:
+        return (yield)
+    with parallel.turn(folder, serial=item.get_closest_marker("serial") is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
