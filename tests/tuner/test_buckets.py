@@ -186,6 +186,7 @@ def _edges(config: TunedConfig) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_small_and_large_batches_get_their_own_measured_decisions(
     tuned: tuple[Any, Path],
 ) -> None:
@@ -232,6 +233,7 @@ def _original_at(model: nn.Module, batch: int) -> tuple[torch.Tensor, torch.Tens
         return x[0], model(*x)
 
 
+@pytest.mark.slow
 def test_the_tuned_program_dispatches_by_size_and_keeps_the_range(
     chain: tuple[nn.Module, Any], tuned: tuple[Any, Path]
 ) -> None:
@@ -250,6 +252,7 @@ def test_the_tuned_program_dispatches_by_size_and_keeps_the_range(
         module(*_inputs(4097))
 
 
+@pytest.mark.slow
 def test_when_every_bucket_chose_inductor_one_package_holds_the_dispatch(
     chain: tuple[nn.Module, Any], tuned: tuple[Any, Path], tmp_path: Path
 ) -> None:
@@ -263,6 +266,7 @@ def test_when_every_bucket_chose_inductor_one_package_holds_the_dispatch(
     _serves_the_range(model, outcome, tmp_path / "tuned.aoti.pt2")
 
 
+@pytest.mark.slow
 def test_when_only_the_example_bucket_chose_inductor_its_package_ships(
     chain: tuple[nn.Module, Any], tuned: tuple[Any, Path], tmp_path: Path
 ) -> None:
@@ -305,6 +309,7 @@ def _serves_the_range(model: nn.Module, outcome: Any, path: Path) -> None:
             package(*_inputs(batch))
 
 
+@pytest.mark.slow
 def test_load_tuned_builds_each_bucket_once_and_picks_per_call(
     chain: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],
@@ -397,6 +402,7 @@ def two_chains(tmp_path_factory: Any) -> tuple[nn.Module, Any, Path]:
     return model, outcome, out
 
 
+@pytest.mark.slow
 def test_each_bucket_runs_the_sites_that_won_at_its_sizes(
     two_chains: tuple[nn.Module, Any, Path],
 ) -> None:

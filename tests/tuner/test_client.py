@@ -263,6 +263,7 @@ def test_server_errors_fall_back_to_the_cache_or_run_untuned(
     assert len(warned) == 1 and "using the cached config (server" in warned[0]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
 def test_a_stalling_server_costs_at_most_the_timeout(trickle: bool, tmp_path: Path) -> None:
     program = dropped_program()

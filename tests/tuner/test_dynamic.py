@@ -148,6 +148,7 @@ def aoti(mlp: tuple[nn.Module, Any], every_pass: Any, tmp_path_factory: Any) -> 
     return backends.load_aoti(built.package)
 
 
+@pytest.mark.slow
 def test_the_aoti_package_serves_the_range_and_refuses_the_rest(
     mlp: tuple[nn.Module, Any], aoti: Any
 ) -> None:
@@ -161,6 +162,7 @@ def test_the_aoti_package_serves_the_range_and_refuses_the_rest(
         aoti(torch.randn(8, 65))
 
 
+@pytest.mark.slow
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -169,6 +171,7 @@ def test_aoti_equal_at_any_size_in_range(mlp: tuple[nn.Module, Any], aoti: Any, 
     _equal_at(aoti, mlp[0], batch, seed=batch % 5)
 
 
+@pytest.mark.slow
 def test_a_static_aoti_package_refuses_another_batch(tmp_path: Path) -> None:
     """The issue's silent wrong answer: a package built for batch 32 given batch 8 returned a
     (32, 256) tensor. Loaded by fxtune, it raises instead."""
@@ -194,6 +197,7 @@ def tuned(mlp: tuple[nn.Module, Any], tmp_path_factory: Any) -> tuple[Any, Path]
     return outcome, out
 
 
+@pytest.mark.slow
 def test_the_tuned_program_serves_every_size(
     mlp: tuple[nn.Module, Any], tuned: tuple[Any, Path]
 ) -> None:
@@ -206,6 +210,7 @@ def test_the_tuned_program_serves_every_size(
     _beyond_the_range_like_the_original(module, model)
 
 
+@pytest.mark.slow
 def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]) -> None:
     """Default sizes: the example, the minimum and the top of the range (4096: its inputs fit
     the memory bound); the chosen candidate's figures at each, with intervals; verified at
@@ -242,6 +247,7 @@ def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]
     assert all(not d.per_size for d in config.sites if not d.rounds)
 
 
+@pytest.mark.slow
 def test_cli_tunes_at_the_sizes_asked_and_skips_those_out_of_range(
     mlp: tuple[nn.Module, Any], tmp_path: Path
 ) -> None:
@@ -269,6 +275,7 @@ def test_cli_tunes_at_the_sizes_asked_and_skips_those_out_of_range(
     ]
 
 
+@pytest.mark.slow
 def test_the_written_aoti_package_serves_every_size(
     mlp: tuple[nn.Module, Any], tuned: tuple[Any, Path]
 ) -> None:
@@ -302,6 +309,7 @@ def _calls(module: nn.Module, *inputs: Any) -> tuple[Any, list[str]]:
     return out, [str(w.message) for w in caught if w.category is FxtuneClientWarning]
 
 
+@pytest.mark.slow
 def test_load_tuned_serves_the_range_and_falls_back_outside(
     mlp: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],

@@ -108,6 +108,7 @@ def test_upload_check_refuses_without_loading(hostile: dict[str, Path], name: st
         check_archive(hostile[name])
 
 
+@pytest.mark.slow
 def test_controls_plain_torch_does_the_harm(hostile: dict[str, Path], tmp_path: Path) -> None:
     """Plain torch.export.load runs the planted library and the pickle; the graph reads the host."""
     marker = tmp_path / "library-ran"

@@ -30,6 +30,7 @@ def recsys_packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Example, 
     return example, plain, twin
 
 
+@pytest.mark.slow
 def test_the_shipped_package_carries_no_kernel_ranges(
     recsys_packages: tuple[Example, Path, Path],
 ) -> None:
@@ -42,6 +43,7 @@ def test_the_shipped_package_carries_no_kernel_ranges(
     assert profile_callable(lambda: instrumented(*inputs), iterations=3).kernels_per_iter
 
 
+@pytest.mark.slow
 def test_profile_of_an_aoti_recsys_attributes_its_kernels(
     recsys_packages: tuple[Example, Path, Path],
 ) -> None:
@@ -75,6 +77,7 @@ def test_compile_backend_runs_the_module_as_torch_compile_would(tmp_path: Path) 
     torch.testing.assert_close(built.runner(x), module(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_package_that_answers_wrongly_is_removed_not_shipped(
     recsys_packages: tuple[Example, Path, Path], tmp_path: Path
 ) -> None:

@@ -61,6 +61,7 @@ def _left_behind(folder: Path, before: list[str]) -> list[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_tune_leaves_no_temp_files_and_restores_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str

@@ -51,6 +51,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], in
     return result.decisions, calls, cache
 
 
+@pytest.mark.serial
 def test_a_site_slower_than_its_model_twice_is_not_trusted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -64,6 +65,7 @@ def test_a_site_slower_than_its_model_twice_is_not_trusted(
     assert not cache._entries  # re-measured next run, not remembered
 
 
+@pytest.mark.serial
 def test_a_site_consistent_when_re_measured_keeps_the_second_verdict(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

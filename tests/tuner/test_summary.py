@@ -61,6 +61,7 @@ def test_format_interval_prints_open_ends() -> None:
     assert format_interval(None) == "-"
 
 
+@pytest.mark.serial
 def test_cli_prints_a_candidate_timed_in_too_few_rounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -52,6 +52,7 @@ def plant(app: Any, path: Path) -> int:
     return job.id
 
 
+@pytest.mark.slow
 def test_a_live_worker_refuses_planted_models_and_leaves_nothing(
     server: tuple[str, Any],
     hostile: dict[str, Path],
