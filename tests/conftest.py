@@ -1,5 +1,5 @@
-"""Root fixtures: a throw-away PostgreSQL on loopback, a database URL per backend, and strict
-fallbacks for the whole suite.
+"""Root fixtures: a throw-away PostgreSQL on loopback, a database URL per backend, the crafted
+hostile files, and strict fallbacks for the whole suite.
 
 The PostgreSQL server starts once per session, only when a test asks for it, with `initdb` and
 `pg_ctl` (as user `postgres` when the tests run as root). FXTUNE_TEST_POSTGRES_URL points the
@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 
 from service.launch import free_port
+from tests import parallel
+from tests.crafted import hostile_files
 from tuner.host import failures
 
 os.environ[failures.STRICT_ENV] = "1"
@@ -135,8 +137,10 @@ def postgres() -> Iterator[Postgres]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `cuda` skip where torch sees no CUDA device (`pytest -m cuda` selects them
-    on a GPU machine, and `make gpu-check` runs them there)."""
+    """Files with slow tests go first (tests/parallel.py). Tests marked `cuda` skip where torch
+    sees no CUDA device (`pytest -m cuda` selects them on a GPU machine, and `make gpu-check`
+    runs them there)."""
+    parallel.slow_files_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
@@ -147,6 +151,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in marked:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist, a `serial` test runs with no other test beside it (tests/parallel.py)."""
+    folder = parallel.lock_folder(item.config)
+    if folder is None:
+        return (yield)
+    with parallel.turn(folder, serial=item.get_closest_marker("serial") is not None):
+        return (yield)
+
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The crafted hostile files (tests/crafted.py), built once per session: defined here, not
+    imported into each test module, where pytest would build a session fixture once per module."""
+    return hostile_files(tmp_path_factory.mktemp("hostile"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

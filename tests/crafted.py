@@ -14,7 +14,6 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
@@ -283,10 +282,9 @@ def strided_weight(src: Path, dst: Path) -> Path:
     return rewrite(src, dst, edit)
 
 
-@pytest.fixture(scope="session")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every crafted file, built once per session (the 4 GiB bomb takes a few seconds)."""
-    root = tmp_path_factory.mktemp("hostile")
+def hostile_files(root: Path) -> dict[str, Path]:
+    """Every crafted file, written into `root` (the session fixture `hostile` builds them once:
+    the 4 GiB bomb takes a few seconds)."""
     good = good_program(root / "good.pt2")
     dynamic = dynamic_program(root / "dynamic.pt2")
     marker = root / CODE_MARKER
@@ -311,3 +309,24 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "matmul_chain": matmul_chain(root / "chain.pt2"),
         "strided_weight": strided_weight(good, root / "strided.pt2"),
     }
+
+
+# What the service's refusal of each hostile file says (a part of its 4xx detail).
+WHY = {
+    "planted_library": "AOTInductor members carry native libraries",
+    "zip_bomb": "zip bomb",
+    "from_file": "from_file",
+    "custom_op": "custom or unknown operator",
+    "traversal": "member name",
+    "absolute_name": "member name",
+    "many_members": "members",
+    "pickled_inputs": "sample inputs",
+    "resized_weight": "graph expects",
+    "overlong_weight": "which holds",
+    "expression_exec": "expr_str",
+    "guard_exec": "guards_code",
+    "name_exec": "parameter_name",
+    "zeros_bomb": "node zeros",
+    "matmul_chain": "FLOPs",
+    "strided_weight": "zero or overlapping strides",
+}

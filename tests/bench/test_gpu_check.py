@@ -49,6 +49,7 @@ def _rows(dry_run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in dry_run["doc"]["models"]}
 
 
+@pytest.mark.slow
 def test_a_model_killed_by_a_signal_is_a_crashed_row_and_the_next_still_runs(
     dry_run: dict[str, Any],
 ) -> None:
@@ -60,6 +61,7 @@ def test_a_model_killed_by_a_signal_is_a_crashed_row_and_the_next_still_runs(
     assert dry_run["rc"] == 1  # not every row is ok
 
 
+@pytest.mark.slow
 def test_the_cpu_dry_run_tunes_compares_and_times_each_model(dry_run: dict[str, Any]) -> None:
     doc, row = dry_run["doc"], _rows(dry_run)["mlp_dynamic"]
     assert doc["status"] == "dry run on the CPU (no GPU figures): 1 of 2 rows ok"

@@ -30,7 +30,7 @@ from tests.service.helpers import (
     wait_for,
     worker_process,
 )
-from tests.tuner.test_client import load_recording
+from tests.tuner.client_helpers import load_recording
 from tuner.cli import app
 from tuner.deploy.client import CheckedInputs
 from tuner.graph.fingerprint import model_fingerprint
@@ -126,6 +126,7 @@ def config_requests(log: Path, fingerprint: str) -> list[int]:
     ]
 
 
+@pytest.mark.slow
 def test_the_fetched_config_reproduces_the_tuned_artifact(tuned: Tuned, tmp_path: Path) -> None:
     config = httpx.get(f"{tuned.url}/api/v1/models/{tuned.model_id}/config").json()
     assert [step["pass"] for step in config["passes"]] == ["remove_dropout"], config["whole_model"]
@@ -145,6 +146,7 @@ def test_the_fetched_config_reproduces_the_tuned_artifact(tuned: Tuned, tmp_path
             torch.testing.assert_close(module(x), tuned.module(x))
 
 
+@pytest.mark.slow
 def test_a_second_load_costs_a_304_and_uses_the_cached_config(tuned: Tuned, tmp_path: Path) -> None:
     before = len(config_requests(tuned.log, tuned.fingerprint))
     for _ in range(2):
@@ -158,6 +160,7 @@ def test_a_second_load_costs_a_304_and_uses_the_cached_config(tuned: Tuned, tmp_
     )
 
 
+@pytest.mark.slow
 def test_fetch_command_writes_the_config_for_scripts(tuned: Tuned, tmp_path: Path) -> None:
     out = tmp_path / "config.json"
     command = ["fetch", str(tuned.model), "--server", tuned.url, "-o", str(out)]
@@ -178,6 +181,7 @@ def test_fetch_command_writes_the_config_for_scripts(tuned: Tuned, tmp_path: Pat
     assert missing.exit_code == 2 and "no tuned config for fingerprint" in missing.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["reshaped", "stranger"])
 def test_a_model_without_a_config_runs_untuned_with_one_warning(
     tuned: Tuned, tmp_path: Path, which: str
@@ -201,6 +205,7 @@ def serve_pid(url: str) -> int:
     raise AssertionError(f"no serve process on port {port}")
 
 
+@pytest.mark.slow
 def test_a_stalled_then_stopped_service_leaves_the_cached_config(
     tuned: Tuned, tmp_path: Path
 ) -> None:
@@ -257,6 +262,7 @@ def sgd_losses(module: nn.Module, batches: list[torch.Tensor]) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_a_training_job_is_tuned_served_by_mode_and_trains_like_the_original(
     tuned: Tuned, tmp_path: Path
 ) -> None:

@@ -111,6 +111,7 @@ def cell_values(page: Any, selector: str) -> list[float | None]:
     )
 
 
+@pytest.mark.slow
 def test_upload_follow_and_inspect_in_chromium(
     browser: Any, tab: Tab, program: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:

@@ -50,6 +50,7 @@ def worker(url: str, tmp_path: Path, ranks: int) -> Worker:
     return Worker(settings, "cpu", HARDWARE, ServiceClient(url, None))
 
 
+@pytest.mark.slow
 def test_a_two_rank_job_is_tuned_by_a_two_rank_worker_and_shown_per_rank(
     server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -106,6 +106,7 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     return Dists(wheel=wheel, sdist=sdist)
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_fxtune_and_nothing_else(dists: Dists) -> None:
     names = zipfile.ZipFile(dists.wheel).namelist()
     assert {n.split("/")[0] for n in names} == OWN_TOP_LEVEL
@@ -120,6 +121,7 @@ def test_the_wheel_holds_fxtune_and_nothing_else(dists: Dists) -> None:
     assert "LICENSE" in members
 
 
+@pytest.mark.slow
 def test_the_metadata_would_be_accepted_by_an_index(dists: Dists) -> None:
     """twine's check (README renders as the long description), plus what twine does not look
     at: valid classifiers, a license with its files, project URLs, and the role split."""
@@ -206,6 +208,7 @@ def client_imports(python: Path, cwd: Path) -> dict:
     return json.loads(run([str(python), "-c", CLIENT_IMPORTS], cwd=cwd).splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_light_install_has_no_service_and_says_what_serve_needs(
     venvs: Venvs, tmp_path: Path
 ) -> None:
@@ -253,6 +256,7 @@ LOAD_TUNED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_serve_submit_and_load_tuned_from_installed_wheels(
     venvs: Venvs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -80,6 +80,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     )
 
 
+@pytest.mark.slow
 def test_upload_tune_and_fetch_over_http(
     env: dict[str, str], programs: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -144,6 +145,7 @@ def test_upload_tune_and_fetch_over_http(
         assert report["config"] == cfg.json() and "baseline" in report["profiles"]
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_path: Path) -> None:
     env = fxtune_env(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
@@ -193,6 +195,7 @@ def race_env(postgres: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
     )
 
 
+@pytest.mark.slow
 def test_four_workers_race_over_200_jobs_on_postgresql(
     race_env: dict[str, str], programs: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -243,6 +246,7 @@ def test_four_workers_race_over_200_jobs_on_postgresql(
     assert sorted(len(m["configs"]) for m in models) == [1] * 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [None, "user-s3cret"], ids=["loopback", "token"])
 def test_serve_with_an_embedded_worker(
     programs: dict[str, Any], tmp_path: Path, token: str | None

@@ -96,6 +96,7 @@ def test_sigterm_ends_fxtune_serve_and_its_worker_and_tuning_child(tmp_path: Pat
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_demo_and_the_service_it_keeps_serving(tmp_path: Path) -> None:
     env = fxtune_env(
         FXTUNE_WORKER_SANDBOX=SANDBOX,

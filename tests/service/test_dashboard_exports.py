@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from service.core.config import Settings
 from service.main import create_app
+from tests.service.dashboard_pages import ELSEWHERE, LOOPBACK, TOKEN, seed
 from tests.service.helpers import LOCAL
-from tests.service.test_dashboard import ELSEWHERE, LOOPBACK, TOKEN, seed
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 
 from service.core.config import Settings
 from service.main import create_app
+from tests.service.dashboard_pages import LOOPBACK, page
 from tests.service.helpers import LOCAL, tiny_program, variant
-from tests.service.test_dashboard import LOOPBACK, page
 
 
 def test_the_worker_list_shows_each_workers_sandbox(tmp_path: Path) -> None:

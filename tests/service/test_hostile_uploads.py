@@ -10,29 +10,8 @@ import httpx
 import pytest
 
 from service.core.config import Settings
-from tests.crafted import CODE_MARKER, MARKER_ENV, hostile
+from tests.crafted import CODE_MARKER, MARKER_ENV, WHY
 from tests.service.helpers import thread_server
-
-__all__ = ["hostile"]  # the session fixture, used by name below
-
-WHY = {
-    "planted_library": "AOTInductor members carry native libraries",
-    "zip_bomb": "zip bomb",
-    "from_file": "from_file",
-    "custom_op": "custom or unknown operator",
-    "traversal": "member name",
-    "absolute_name": "member name",
-    "many_members": "members",
-    "pickled_inputs": "sample inputs",
-    "resized_weight": "graph expects",
-    "overlong_weight": "which holds",
-    "expression_exec": "expr_str",
-    "guard_exec": "guards_code",
-    "name_exec": "parameter_name",
-    "zeros_bomb": "node zeros",
-    "matmul_chain": "FLOPs",
-    "strided_weight": "zero or overlapping strides",
-}
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,8 @@ import pytest
 
 from service.analysis import ProgramAnalysis, UnloadableProgram
 from service.core.config import Settings
-from tests.crafted import CODE_MARKER, hostile
+from tests.crafted import CODE_MARKER, WHY, hostile
 from tests.service.helpers import REPO, pid_alive, thread_server, tiny_program
-from tests.service.test_hostile_uploads import WHY
 
 __all__ = ["hostile"]  # the session fixture, used by name below
 

@@ -21,10 +21,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from tests.tuner.test_client import (  # noqa: F401  (service: the fixture)
-    FakeService,
-    service,
-)
+from tests.tuner.client_helpers import FakeService, dropped_program, tuned_config
 from tests.tuner.tuning_fixtures import (
     CHAIN_WIDTH,
     Associate,
@@ -138,8 +135,6 @@ def test_no_buckets_when_several_dims_vary_together() -> None:
 
 def test_configs_without_buckets_still_load() -> None:
     """A schema 2 config (no `buckets`) parses to an empty list: one decision for every size."""
-    from tests.tuner.test_client import dropped_program, tuned_config
-
     doc = tuned_config(dropped_program(), "remove_dropout", schema_version=2)
     doc.pop("buckets", None)
     assert TunedConfig.model_validate(doc).buckets == []
@@ -191,6 +186,7 @@ def _edges(config: TunedConfig) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_small_and_large_batches_get_their_own_measured_decisions(
     tuned: tuple[Any, Path],
 ) -> None:
@@ -237,6 +233,7 @@ def _original_at(model: nn.Module, batch: int) -> tuple[torch.Tensor, torch.Tens
         return x[0], model(*x)
 
 
+@pytest.mark.slow
 def test_the_tuned_program_dispatches_by_size_and_keeps_the_range(
     chain: tuple[nn.Module, Any], tuned: tuple[Any, Path]
 ) -> None:
@@ -255,6 +252,7 @@ def test_the_tuned_program_dispatches_by_size_and_keeps_the_range(
         module(*_inputs(4097))
 
 
+@pytest.mark.slow
 def test_when_every_bucket_chose_inductor_one_package_holds_the_dispatch(
     chain: tuple[nn.Module, Any], tuned: tuple[Any, Path], tmp_path: Path
 ) -> None:
@@ -268,6 +266,7 @@ def test_when_every_bucket_chose_inductor_one_package_holds_the_dispatch(
     _serves_the_range(model, outcome, tmp_path / "tuned.aoti.pt2")
 
 
+@pytest.mark.slow
 def test_when_only_the_example_bucket_chose_inductor_its_package_ships(
     chain: tuple[nn.Module, Any], tuned: tuple[Any, Path], tmp_path: Path
 ) -> None:
@@ -310,15 +309,16 @@ def _serves_the_range(model: nn.Module, outcome: Any, path: Path) -> None:
             package(*_inputs(batch))
 
 
+@pytest.mark.slow
 def test_load_tuned_builds_each_bucket_once_and_picks_per_call(
     chain: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     model, program = chain
     outcome, _ = tuned
-    url, fake = service
+    url, fake = config_service
     fake.configs[outcome.config.model_fingerprint] = outcome.config.model_dump(by_alias=True)
     with registered(Reassociate), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -355,7 +355,7 @@ def test_load_tuned_builds_each_bucket_once_and_picks_per_call(
 def test_a_config_whose_buckets_leave_a_gap_is_not_used(
     chain: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     """Sizes in a gap would have no module: the client runs the model untuned, with why."""
@@ -363,7 +363,7 @@ def test_a_config_whose_buckets_leave_a_gap_is_not_used(
     outcome, _ = tuned
     doc = outcome.config.model_dump(by_alias=True)
     doc["buckets"][1]["min"] += 10
-    url, fake = service
+    url, fake = config_service
     fake.configs[outcome.config.model_fingerprint] = doc
     with registered(Reassociate), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -402,6 +402,7 @@ def two_chains(tmp_path_factory: Any) -> tuple[nn.Module, Any, Path]:
     return model, outcome, out
 
 
+@pytest.mark.slow
 def test_each_bucket_runs_the_sites_that_won_at_its_sizes(
     two_chains: tuple[nn.Module, Any, Path],
 ) -> None:

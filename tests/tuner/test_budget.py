@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 from examples.build import build
 from examples.models import EXAMPLES, recsys
 from fxtune_cli import app
-from tests.tuner.test_tune import SplitNormTanh
-from tests.tuner.tuning_fixtures import WrongRelu, registered
+from tests.tuner.tuning_fixtures import SplitNormTanh, WrongRelu, registered
 from tuner.backends.compile_time import CompileTimes
 from tuner.backends.isolation import CompileOverrun, compile_aoti_in_child
 from tuner.contract.device import Device
@@ -43,6 +42,7 @@ def test_compile_times_estimate_from_what_was_measured(tmp_path: Path) -> None:
     assert again.estimate("other hw", "inductor", 100) is None
 
 
+@pytest.mark.serial
 def test_an_overrunning_child_compile_is_stopped(tmp_path: Path) -> None:
     example = recsys()
     program = export_module(example.module, example.example_inputs)
@@ -67,6 +67,8 @@ def test_a_compile_estimated_not_to_fit_is_skipped(tmp_path: Path) -> None:
         assert "skipped: compiling is estimated" in (figures[name].reason or "")
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_a_tight_budget_stops_the_compile_and_ends_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +97,7 @@ def test_a_tight_budget_stops_the_compile_and_ends_in_time(
     assert all(f.verdict == "not measured" for f in figures.values())
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_fxtune_tune_with_a_30_s_budget_ends_within_the_margin(name: str, tmp_path: Path) -> None:
@@ -112,6 +115,7 @@ def test_fxtune_tune_with_a_30_s_budget_ends_within_the_margin(name: str, tmp_pa
     )
 
 
+@pytest.mark.serial
 def test_a_candidate_whose_output_check_would_overrun_is_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,60 +13,36 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch.export import ExportedProgram
 from typer.testing import CliRunner
 
-from tests.service.fakes import config as fake_config
-from tests.tuner.passes.test_combine_sparse_inputs import Ranker, ranker_inputs
+from tests.passes_helpers import Ranker, ranker_inputs
+from tests.tuner.client_helpers import (
+    Dropped,
+    FakeService,
+    dropped_program,
+    load_recording,
+    tuned_config,
+)
 from tuner.cli import app
 from tuner.contract.errors import ArtifactFormatError
 from tuner.deploy.client import (
     CheckedInputs,
     ConfigCache,
-    FxtuneClientWarning,
     PackedInputs,
     fetch_config,
     load_tuned,
 )
-from tuner.graph.capture import export_module, save_program, to_graph_module
+from tuner.graph.capture import export_module, save_program
 from tuner.graph.fingerprint import model_fingerprint
-from tuner.passes import get_pass
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Dropped(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(6, 3)
-        self.drop = nn.Dropout(0.3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(torch.relu(self.fc(x)))
-
-
-def dropped_program() -> ExportedProgram:
-    torch.manual_seed(0)
-    return export_module(Dropped().eval(), (torch.randn(2, 6),))
-
-
-def tuned_config(program: ExportedProgram, *passes: str, **fields: Any) -> dict[str, Any]:
-    """A valid config that rewrites every site of `passes` (found as the tuner finds them)."""
-    gm = to_graph_module(program)
-    steps = [{"pass": p, "sites": [s.id for s in get_pass(p).find_sites(gm)]} for p in passes]
-    assert all(step["sites"] for step in steps), "a pass under test found no site"
-    doc = fake_config(model_fingerprint(program))
-    doc["passes"] = doc["whole_model"]["passes"] = steps
-    return {**doc, **fields}
 
 
 def has_dropout(module: nn.Module) -> bool:
@@ -74,68 +50,6 @@ def has_dropout(module: nn.Module) -> bool:
         module = module.tuned
     assert isinstance(module, torch.fx.GraphModule)
     return any("dropout" in str(n.target) for n in module.graph.nodes)
-
-
-def load_recording(*args: Any, **kwargs: Any) -> tuple[nn.Module, list[str]]:
-    """load_tuned, and the messages of the FxtuneClientWarnings it gave (each one counted)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = load_tuned(*args, **kwargs)
-    return module, [str(w.message) for w in caught if w.category is FxtuneClientWarning]
-
-
-class FakeService:
-    """GET /api/v1/configs/<fingerprint> the way the service answers it (ETag, 304, 404), or
-    `reply` (status, body) when a test sets one. Every request's path and headers are kept."""
-
-    def __init__(self) -> None:
-        self.configs: dict[str, dict[str, Any]] = {}
-        self.reply: tuple[int, bytes] | None = None
-        self.seen: list[tuple[str, dict[str, str]]] = []
-
-    def answer(self, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-        self.seen.append((path, headers))
-        if self.reply is not None:
-            return self.reply[0], {"ETag": '"bad"'}, self.reply[1]
-        fingerprint = path.split("?")[0].rsplit("/", 1)[-1]
-        config = self.configs.get(fingerprint)
-        if config is None:
-            return 404, {}, json.dumps({"detail": "no tuned config"}).encode()
-        etag = f'"{hash(json.dumps(config, sort_keys=True)) & 0xFFFFFF:x}"'
-        if headers.get("if-none-match") == etag:
-            return 304, {"ETag": etag}, b""
-        return 200, {"ETag": etag}, json.dumps(config).encode()
-
-    def conditional(self) -> list[str | None]:
-        return [headers.get("if-none-match") for _, headers in self.seen]
-
-
-@pytest.fixture
-def service() -> Iterator[tuple[str, FakeService]]:
-    fake = FakeService()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            status, extra, body = fake.answer(self.path, headers)
-            self.send_response(status)
-            for name, value in extra.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", fake
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextlib.contextmanager
@@ -244,9 +158,9 @@ def dead_url() -> str:
 
 
 def test_applies_the_fetched_config_then_revalidates_with_its_etag(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
     x = torch.randn(2, 6)
@@ -260,9 +174,9 @@ def test_applies_the_fetched_config_then_revalidates_with_its_etag(
 
 
 def test_a_cached_config_serves_while_the_server_is_down(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
     load_recording(program, server=url, cache_dir=tmp_path)
@@ -273,9 +187,9 @@ def test_a_cached_config_serves_while_the_server_is_down(
 
 
 def test_no_config_runs_untuned_and_forgets_a_withdrawn_one(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fingerprint = model_fingerprint(program)
     fake.configs[fingerprint] = tuned_config(program, "remove_dropout")
@@ -299,9 +213,9 @@ def test_no_config_runs_untuned_and_forgets_a_withdrawn_one(
     ids=["not-json", "bad-field", "other-fingerprint", "newer-schema"],
 )
 def test_an_unusable_config_runs_untuned_and_is_not_cached(
-    service: tuple[str, FakeService], tmp_path: Path, change: Any, says: str
+    config_service: tuple[str, FakeService], tmp_path: Path, change: Any, says: str
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.reply = (200, change(tuned_config(program, "remove_dropout")))
     module, warned = load_recording(program, server=url, cache_dir=tmp_path)
@@ -319,9 +233,9 @@ def test_an_unusable_config_runs_untuned_and_is_not_cached(
     ids=["unknown-pass", "missing-site"],
 )
 def test_a_config_that_does_not_replay_runs_untuned(
-    service: tuple[str, FakeService], tmp_path: Path, steps: list[dict[str, Any]], says: str
+    config_service: tuple[str, FakeService], tmp_path: Path, steps: list[dict[str, Any]], says: str
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.configs[model_fingerprint(program)] = tuned_config(program, passes=steps)
     module, warned = load_recording(program, server=url, cache_dir=tmp_path)
@@ -330,9 +244,9 @@ def test_a_config_that_does_not_replay_runs_untuned(
 
 
 def test_server_errors_fall_back_to_the_cache_or_run_untuned(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.reply = (403, json.dumps({"detail": "token wrong"}).encode())
     module, warned = load_recording(program, server=url, cache_dir=tmp_path, token="t0")
@@ -349,6 +263,7 @@ def test_server_errors_fall_back_to_the_cache_or_run_untuned(
     assert len(warned) == 1 and "using the cached config (server" in warned[0]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
 def test_a_stalling_server_costs_at_most_the_timeout(trickle: bool, tmp_path: Path) -> None:
     program = dropped_program()
@@ -369,9 +284,9 @@ def test_an_unreachable_server_runs_untuned_with_one_warning(tmp_path: Path) -> 
 
 
 def test_an_unwritable_cache_still_gives_the_tuned_module(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
     blocker = tmp_path / "file"
@@ -380,8 +295,10 @@ def test_an_unwritable_cache_still_gives_the_tuned_module(
     assert not has_dropout(module) and warned == []
 
 
-def test_a_damaged_cache_entry_is_ignored(service: tuple[str, FakeService], tmp_path: Path) -> None:
-    url, fake = service
+def test_a_damaged_cache_entry_is_ignored(
+    config_service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = config_service
     program = dropped_program()
     fingerprint = model_fingerprint(program)
     fake.configs[fingerprint] = tuned_config(program, "remove_dropout")
@@ -392,9 +309,9 @@ def test_a_damaged_cache_entry_is_ignored(service: tuple[str, FakeService], tmp_
 
 
 def test_an_eager_module_is_exported_first_or_returned_as_it_is(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
     torch.manual_seed(0)
@@ -415,9 +332,9 @@ def test_a_file_that_is_no_program_raises(tmp_path: Path) -> None:
 
 
 def test_a_failing_compile_keeps_the_tuned_passes_with_one_warning(
-    service: tuple[str, FakeService], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    config_service: tuple[str, FakeService], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     config = tuned_config(program, "remove_dropout", backend="inductor")
     fake.configs[model_fingerprint(program)] = config
@@ -435,9 +352,9 @@ def test_a_failing_compile_keeps_the_tuned_passes_with_one_warning(
 
 
 def test_a_config_that_packs_inputs_keeps_the_original_signature(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     rows, counts = [10, 7, 12], [5, 8, 3]
     ranker = Ranker(rows).eval()
     make = ranker_inputs(rows, counts, bags=4)
@@ -492,9 +409,9 @@ print("tuned")
 
 
 def test_the_client_needs_none_of_the_service_dependencies(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fake.configs[model_fingerprint(program)] = tuned_config(program, "remove_dropout")
     path = save_program(program, tmp_path / "model.pt2")
@@ -512,9 +429,9 @@ def test_the_client_needs_none_of_the_service_dependencies(
 
 
 def test_fetch_command_writes_the_config_or_exits_2(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     program = dropped_program()
     fingerprint = model_fingerprint(program)
     config = tuned_config(program, "remove_dropout")
@@ -558,9 +475,9 @@ def _linears(module: nn.Module) -> int:
 
 
 def test_a_training_config_gives_a_module_that_trains_as_the_original(
-    service: tuple[str, FakeService], tmp_path: Path
+    config_service: tuple[str, FakeService], tmp_path: Path
 ) -> None:
-    url, fake = service
+    url, fake = config_service
     torch.manual_seed(0)
     program = export_module(TwoHeads().train(), (torch.randn(5, 6),))
     config = tuned_config(program, "fuse_horizontal_linear", mode="train")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.backends import isolation
 from tuner.graph.capture import export_module
 from tuner.tuning.tuner import TuneOptions, tune_program
@@ -15,6 +15,8 @@ from tuner.tuning.tuner import TuneOptions, tune_program
 CRASHING = "tests.tuner.crashing_compile_child"
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_crashing_candidates_are_recorded_and_tuning_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import fx, nn
 
 from examples.models import EXAMPLES
+from tests.tuner.real_models import bert, image_inputs, resnet
 from tuner.graph.capture import example_inputs, export_module, on_device, to_graph_module
 from tuner.passes import pass_names
 from tuner.passes.apply import apply_steps
@@ -90,15 +91,11 @@ transformers = pytest.importorskip("transformers")
 
 
 def bert_with_mask() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    from tests.tuner.test_real_models import bert
-
     model, make_inputs = bert("sdpa")
     return model, make_inputs(torch.Generator().manual_seed(0))
 
 
 def resnet_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    from tests.tuner.test_real_models import image_inputs, resnet
-
     model, _ = resnet()
     return model, image_inputs(32)(torch.Generator().manual_seed(0))
 

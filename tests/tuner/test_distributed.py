@@ -42,6 +42,7 @@ def test_an_exception_on_one_rank_fails_the_job() -> None:
     assert time.monotonic() - started < 20  # stopped at once, not after the collective timeout
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_collective_fails_cleanly_and_leaves_no_rank(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RankFailedError, match=r"rank 1 died \(exit code -9\)"):
@@ -52,6 +53,7 @@ def test_a_rank_killed_mid_collective_fails_cleanly_and_leaves_no_rank(tmp_path:
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""

@@ -50,6 +50,7 @@ def check_report(report: dict[str, Any], world_size: int) -> None:
         )
 
 
+@pytest.mark.slow
 def test_two_ranks_tune_decide_once_and_write_tuned_programs(tmp_path: Path) -> None:
     model = build_small(tmp_path, 2)
     options = DistributedTuneOptions(world_size=2, backend="gloo", budget_s=2.0, profile_steps=10)
@@ -83,6 +84,7 @@ def tune_and_check(rank: int, world_size: int, model_dir: str) -> dict[str, Any]
     return report
 
 
+@pytest.mark.slow
 def test_four_ranks_tuned_outputs_equal_the_unsharded_model(tmp_path: Path) -> None:
     reports = run_ranks(tune_and_check, 4, str(tmp_path), backend="gloo", collective_timeout_s=60)
     assert len({json.dumps(r["accepted"]) for r in reports}) == 1  # every rank applied the same
@@ -95,6 +97,7 @@ def test_four_ranks_tuned_outputs_equal_the_unsharded_model(tmp_path: Path) -> N
     print("\n4 ranks:", json.dumps(reports[0]["overlap_profile"]["slowest_rank"]))
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_tuning_fails_the_job_and_leaves_no_rank(tmp_path: Path) -> None:
     model = build_small(tmp_path, 2)
     options = DistributedTuneOptions(world_size=2, budget_s=30.0, collective_timeout_s=20)

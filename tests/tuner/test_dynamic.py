@@ -19,11 +19,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from examples.dynamic import BATCH_MAX, BATCH_MIN, mlp_inputs, mlp_split
-from tests.tuner.test_client import (  # noqa: F401  (service: the fixture)
-    FakeService,
-    service,
-    tuned_config,
-)
+from tests.tuner.client_helpers import FakeService, tuned_config
 from tuner.backends import registry as backends
 from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, load_tuned
 from tuner.graph.capture import export_module, save_program, to_graph_module
@@ -152,6 +148,7 @@ def aoti(mlp: tuple[nn.Module, Any], every_pass: Any, tmp_path_factory: Any) -> 
     return backends.load_aoti(built.package)
 
 
+@pytest.mark.slow
 def test_the_aoti_package_serves_the_range_and_refuses_the_rest(
     mlp: tuple[nn.Module, Any], aoti: Any
 ) -> None:
@@ -165,6 +162,7 @@ def test_the_aoti_package_serves_the_range_and_refuses_the_rest(
         aoti(torch.randn(8, 65))
 
 
+@pytest.mark.slow
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -173,6 +171,7 @@ def test_aoti_equal_at_any_size_in_range(mlp: tuple[nn.Module, Any], aoti: Any, 
     _equal_at(aoti, mlp[0], batch, seed=batch % 5)
 
 
+@pytest.mark.slow
 def test_a_static_aoti_package_refuses_another_batch(tmp_path: Path) -> None:
     """The issue's silent wrong answer: a package built for batch 32 given batch 8 returned a
     (32, 256) tensor. Loaded by fxtune, it raises instead."""
@@ -198,6 +197,7 @@ def tuned(mlp: tuple[nn.Module, Any], tmp_path_factory: Any) -> tuple[Any, Path]
     return outcome, out
 
 
+@pytest.mark.slow
 def test_the_tuned_program_serves_every_size(
     mlp: tuple[nn.Module, Any], tuned: tuple[Any, Path]
 ) -> None:
@@ -210,6 +210,7 @@ def test_the_tuned_program_serves_every_size(
     _beyond_the_range_like_the_original(module, model)
 
 
+@pytest.mark.slow
 def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]) -> None:
     """Default sizes: the example, the minimum and the top of the range (4096: its inputs fit
     the memory bound); the chosen candidate's figures at each, with intervals; verified at
@@ -246,6 +247,7 @@ def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]
     assert all(not d.per_size for d in config.sites if not d.rounds)
 
 
+@pytest.mark.slow
 def test_cli_tunes_at_the_sizes_asked_and_skips_those_out_of_range(
     mlp: tuple[nn.Module, Any], tmp_path: Path
 ) -> None:
@@ -273,6 +275,7 @@ def test_cli_tunes_at_the_sizes_asked_and_skips_those_out_of_range(
     ]
 
 
+@pytest.mark.slow
 def test_the_written_aoti_package_serves_every_size(
     mlp: tuple[nn.Module, Any], tuned: tuple[Any, Path]
 ) -> None:
@@ -306,15 +309,16 @@ def _calls(module: nn.Module, *inputs: Any) -> tuple[Any, list[str]]:
     return out, [str(w.message) for w in caught if w.category is FxtuneClientWarning]
 
 
+@pytest.mark.slow
 def test_load_tuned_serves_the_range_and_falls_back_outside(
     mlp: tuple[nn.Module, Any],
     tuned: tuple[Any, Path],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     model, program = mlp
     outcome, _ = tuned
-    url, fake = service
+    url, fake = config_service
     fake.configs[outcome.config.model_fingerprint] = outcome.config.model_dump(by_alias=True)
     module, warned = _load(program, url, tmp_path)
     assert warned == [] and isinstance(module, CheckedInputs)
@@ -333,14 +337,14 @@ def test_load_tuned_serves_the_range_and_falls_back_outside(
 
 def test_load_tuned_of_a_static_program_runs_other_sizes_untuned(
     mlp: tuple[nn.Module, Any],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     """A static program tuned at 32: batch 8 goes to the untuned module with one warning, never
     to the tuned graph (whose views were built for 32)."""
     model, _ = mlp
     static = export_module(model, mlp_inputs(32))
-    url, fake = service
+    url, fake = config_service
     # The LayerNorm fusion's views are built for the program's sizes: (32, 8, 32) here.
     fake.configs[model_fingerprint(static)] = tuned_config(static, "fuse_horizontal_layernorm")
     module, warned = _load(static, url, tmp_path)

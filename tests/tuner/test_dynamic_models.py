@@ -17,7 +17,8 @@ from torch.export import Dim
 
 from examples.dynamic import BATCH_MAX, BATCH_MIN, recsys
 from tests.service.fakes import config as fake_config
-from tests.tuner.test_client import FakeService, service  # noqa: F401  (service: the fixture)
+from tests.tuner.client_helpers import FakeService
+from tests.tuner.real_models import bert
 from tuner.backends import registry as backends
 from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, PackedInputs, load_tuned
 from tuner.graph.capture import save_program
@@ -68,8 +69,6 @@ PAIRS = [(2, 8), (4, 16), (8, 32)]  # (batch, seq); (4, 16) is the export's exam
 
 
 def _bert() -> Any:
-    from tests.tuner.test_real_models import bert
-
     model, _ = bert("sdpa")
     return model
 
@@ -83,7 +82,7 @@ def bert_inputs(batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torc
 
 @pytest.mark.slow
 def test_bert_with_dynamic_batch_and_sequence_is_served_at_three_sizes(
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     model = _bert()
@@ -106,7 +105,7 @@ def test_bert_with_dynamic_batch_and_sequence_is_served_at_three_sizes(
     assert "fuse_horizontal_linear" in {s.pass_name for s in every.applied}
     rewritten = every.to_program().module()
     tuned = load_program(tmp_path / "tuned.pt2").module()
-    url, fake = service
+    url, fake = config_service
     client = _client(program, outcome, url, fake, tmp_path / "configs")
     with torch.no_grad():
         for b, s in PAIRS:
@@ -190,7 +189,7 @@ def _combined_config(program: Any, done: Any) -> dict[str, Any]:
 def test_recsys_with_combined_sparse_inputs_is_served_at_every_batch(
     dynamic_recsys: tuple[Any, Any, Any],
     combined: tuple[Any, Any, Path],
-    service: tuple[str, FakeService],  # noqa: F811
+    config_service: tuple[str, FakeService],
     tmp_path: Path,
 ) -> None:
     """The tuned `.pt2` (plain torch, fed by the packer), the AOTInductor package and
@@ -199,7 +198,7 @@ def test_recsys_with_combined_sparse_inputs_is_served_at_every_batch(
     model, program, make = dynamic_recsys
     done, tuned, package_path = combined
     package = backends.load_aoti(package_path)
-    url, fake = service
+    url, fake = config_service
     fake.configs[model_fingerprint(program)] = _combined_config(program, done)
     client = _client_of(program, url, tmp_path)
     assert isinstance(client.tuned, PackedInputs)

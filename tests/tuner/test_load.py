@@ -19,12 +19,10 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from tests.crafted import MARKER_ENV, hostile
+from tests.crafted import MARKER_ENV
 from tuner.contract.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
 from tuner.graph.capture import example_inputs, export_module, save_program
 from tuner.loading.load import check_archive, load_program
-
-__all__ = ["hostile"]  # the session fixture, used by name below
 
 REFUSALS = {
     "planted_library": (UnsafeArtifactError, "AOTInductor members carry native libraries"),
@@ -110,6 +108,7 @@ def test_upload_check_refuses_without_loading(hostile: dict[str, Path], name: st
         check_archive(hostile[name])
 
 
+@pytest.mark.slow
 def test_controls_plain_torch_does_the_harm(hostile: dict[str, Path], tmp_path: Path) -> None:
     """Plain torch.export.load runs the planted library and the pickle; the graph reads the host."""
     marker = tmp_path / "library-ran"

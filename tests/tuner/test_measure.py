@@ -38,6 +38,7 @@ def _comparison(low: float, high: float) -> Comparison:
 # ------------------------------------------------------------------------- timing
 
 
+@pytest.mark.serial
 def test_sleeping_candidate_is_slower() -> None:
     c = compare(matmul, matmul_then_sleep, budget_s=1.0, min_rounds=6, target_rel_ci=0.2, threads=1)
     assert c.ci_high < 1
@@ -45,12 +46,14 @@ def test_sleeping_candidate_is_slower() -> None:
     assert verdict(c) == "slower"
 
 
+@pytest.mark.serial
 def test_much_faster_candidate_is_faster() -> None:
     c = compare(twenty_matmuls, matmul, budget_s=1.0, target_rel_ci=0.2, threads=1)
     assert c.ci_low > 1.5
     assert verdict(c) == "faster"
 
 
+@pytest.mark.serial
 def test_identical_functions_are_within_noise() -> None:
     c = compare(matmul, matmul, budget_s=0.6, min_rounds=12, confidence=0.999, threads=1)
     assert c.rounds >= 12
@@ -59,6 +62,7 @@ def test_identical_functions_are_within_noise() -> None:
     assert verdict(c, epsilon=0.25) == "within noise"
 
 
+@pytest.mark.serial
 def test_raw_samples_are_kept_and_the_budget_is_respected() -> None:
     def nap() -> None:
         time.sleep(0.001)
@@ -73,6 +77,7 @@ def test_raw_samples_are_kept_and_the_budget_is_respected() -> None:
     assert all(s >= 0.001 for s in c.baseline_s + c.candidate_s)
 
 
+@pytest.mark.serial
 def test_rounds_shrink_when_calibration_was_optimistic(monkeypatch: pytest.MonkeyPatch) -> None:
     def nap() -> None:
         time.sleep(0.001)
@@ -85,6 +90,7 @@ def test_rounds_shrink_when_calibration_was_optimistic(monkeypatch: pytest.Monke
     assert c.inner < 50
 
 
+@pytest.mark.serial
 def test_stops_at_max_rounds_or_when_converged() -> None:
     capped = compare(matmul, matmul, min_rounds=3, max_rounds=5, target_rel_ci=0.0, threads=1)
     assert (capped.stopped, capped.rounds) == ("max_rounds", 5)
@@ -92,12 +98,14 @@ def test_stops_at_max_rounds_or_when_converged() -> None:
     assert (easy.stopped, easy.rounds) == ("converged", 8)
 
 
+@pytest.mark.serial
 def test_short_calls_are_repeated_inside_one_sample() -> None:
     c = compare(lambda: None, lambda: None, budget_s=0.3, min_rounds=4, max_rounds=4)
     assert c.inner > 100
     assert c.inner * c.baseline_median_s > 0.5e-3
 
 
+@pytest.mark.serial
 def test_cpu_timing_pins_threads_and_reports_them() -> None:
     before = torch.get_num_threads()
     c = compare(matmul, matmul, max_rounds=2, min_rounds=2, threads=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -99,6 +100,7 @@ def test_a_site_below_the_noise_share_is_reported_not_timed() -> None:
     assert result.counts()["below_noise"] == 1
 
 
+@pytest.mark.serial
 def test_sites_are_measured_in_order_of_the_time_they_cover() -> None:
     with registered(SlowRelu):
         result = _profiled_search(TwoRelus(), (torch.randn(64), torch.randn(512, 1024)))

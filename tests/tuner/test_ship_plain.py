@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from examples.models import recsys
-from tests.tuner.test_tune import SplitNormTanh
+from examples.models import Example, recsys
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.backends import registry as backends
 from tuner.graph.capture import export_module, to_graph_module
 from tuner.profiling.profile import profile_callable
@@ -16,17 +18,24 @@ from tuner.tuning.tuner import TuneOptions, Tuner, tuning_session
 
 
 @pytest.fixture(scope="module")
-def recsys_packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[tuple, Path, Path]:
-    example = recsys()
+def recsys_packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Example, Path, Path]:
+    """The recsys example at 4 features, not 32: its embedding bags, LayerNorms and linears at a
+    quarter of the full model's compile, compiled plain and instrumented. A large batch keeps
+    the kernels' time well above the profiler's own per-call overhead."""
+    example = recsys(batch=2048, num_sparse=4)
     program = export_module(example.module, example.example_inputs)
     work = tmp_path_factory.mktemp("recsys")
     plain = backends.package_aoti(program, work / "plain.aoti.pt2")
     twin = backends.package_aoti(program, work / "twin.aoti.pt2", instrumented=True)
-    return example.example_inputs, plain, twin
+    return example, plain, twin
 
 
-def test_the_shipped_package_carries_no_kernel_ranges(recsys_packages: tuple) -> None:
-    inputs, plain, twin = recsys_packages
+@pytest.mark.slow
+def test_the_shipped_package_carries_no_kernel_ranges(
+    recsys_packages: tuple[Example, Path, Path],
+) -> None:
+    example, plain, twin = recsys_packages
+    inputs = example.example_inputs
     shipped = backends.load_aoti(plain)
     summary = profile_callable(lambda: shipped(*inputs), iterations=3)
     assert summary.kernels_per_iter is None  # no ranges: nothing of inductor's is in the trace
@@ -34,9 +43,13 @@ def test_the_shipped_package_carries_no_kernel_ranges(recsys_packages: tuple) ->
     assert profile_callable(lambda: instrumented(*inputs), iterations=3).kernels_per_iter
 
 
-def test_profile_of_an_aoti_recsys_attributes_its_kernels(recsys_packages: tuple) -> None:
+@pytest.mark.slow
+def test_profile_of_an_aoti_recsys_attributes_its_kernels(
+    recsys_packages: tuple[Example, Path, Path],
+) -> None:
     """The dashboard showed matmul, norm and embedding at 0 µs for the tuned recsys."""
-    inputs, _, twin = recsys_packages
+    example, _, twin = recsys_packages
+    inputs = example.example_inputs
     runner = backends.load_aoti(twin)
     summary = profile_callable(lambda: runner(*inputs), iterations=3)
     times = summary.time_by_category_us
@@ -64,18 +77,23 @@ def test_compile_backend_runs_the_module_as_torch_compile_would(tmp_path: Path) 
     torch.testing.assert_close(built.runner(x), module(x), rtol=1e-5, atol=1e-5)
 
 
-def test_a_package_that_answers_wrongly_is_removed_not_shipped(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_package_that_answers_wrongly_is_removed_not_shipped(
+    recsys_packages: tuple[Example, Path, Path], tmp_path: Path
+) -> None:
     """write_outputs recorded a package's error against the original and shipped it anyway."""
     from tuner.tuning.outputs import _ships
 
-    x = torch.randn(4, 32)
-    module = SplitNormTanh(n=2).eval()
-    package = backends.package_aoti(export_module(module, (x,)), tmp_path / "p.aoti.pt2")
-    trials = [(x,), (torch.randn(4, 32),)]
+    example, plain, _ = recsys_packages
+    package = Path(shutil.copy(plain, tmp_path / "p.aoti.pt2"))
+    trials = [example.example_inputs, example.fresh_inputs(1)]
     refused: list[str] = []
-    error = _ships(package, module, trials, refused)
+    error = _ships(package, example.module, trials, refused)
     assert error is not None and error < 1e-4 and package.exists() and not refused
-    other = SplitNormTanh(n=2).eval()  # same shapes, other weights: answers differ
+    other = copy.deepcopy(example.module)  # same shapes, other weights: answers differ
+    with torch.no_grad():
+        for param in other.parameters():
+            param.add_(torch.randn_like(param))
     assert _ships(package, other, trials, refused) is None
     assert not package.exists()
     assert len(refused) == 1 and "outputs differ" in refused[0]

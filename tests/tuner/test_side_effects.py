@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from fxtune_cli import app
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.graph.capture import export_module, save_program
 from tuner.tuning.tuner import TuneOptions, tune_program
 
@@ -61,6 +61,7 @@ def _left_behind(folder: Path, before: list[str]) -> list[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_tune_leaves_no_temp_files_and_restores_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.graph.capture import export_module, to_graph_module
 from tuner.measure import timing as measure
 from tuner.measure.timing import quick_per_call_s
@@ -47,6 +47,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], in
     return result.decisions, calls, cache
 
 
+@pytest.mark.serial
 def test_a_site_slower_than_its_model_twice_is_not_trusted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -60,6 +61,7 @@ def test_a_site_slower_than_its_model_twice_is_not_trusted(
     assert not cache.records()  # re-measured next run, not remembered
 
 
+@pytest.mark.serial
 def test_a_site_consistent_when_re_measured_keeps_the_second_verdict(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from fxtune_cli import app
-from tests.tuner.test_tune import SplitNormTanh
+from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.contract.config import SiteDecision, TunedConfig, Verdict
 from tuner.graph.capture import export_module, save_program
 from tuner.graph.sites import Site, make_site
@@ -66,6 +66,7 @@ def test_format_interval_prints_open_ends() -> None:
     assert format_interval(None) == "-"
 
 
+@pytest.mark.serial
 def test_cli_prints_a_candidate_timed_in_too_few_rounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

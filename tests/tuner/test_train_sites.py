@@ -161,6 +161,7 @@ def tuned_recsys(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     return example, program, tune_program(program, options)
 
 
+@pytest.mark.slow
 def test_a_recsys_tuned_in_train_mode_reports_per_site_decisions(tuned_recsys: tuple) -> None:
     _, _, outcome = tuned_recsys
     config = TunedConfig.from_json(outcome.config.to_json())
@@ -189,6 +190,7 @@ def _sites_of(figures: Figures) -> set[tuple[str, str]]:
     return {(step.pass_name, site) for step in figures.passes for site in step.sites}
 
 
+@pytest.mark.slow
 def test_the_accepted_train_config_trains_as_the_original_on_fresh_inputs(
     tuned_recsys: tuple,
 ) -> None:

@@ -6,42 +6,26 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.export import ExportedProgram
 from typer.testing import CliRunner
 
 from fxtune_cli import app
-from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, registered
+from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, SplitNormTanh, registered
 from tuner.contract.config import TunedConfig
 from tuner.deploy.replay import apply_config
 from tuner.graph.capture import export_module, save_program
 from tuner.tuning.tuner import TuneOptions, tune_program
 
 
-class SplitNormTanh(nn.Module):
-    """The seed's pattern at a size where fusing 24 small norms pays off on a CPU."""
-
-    def __init__(self, n: int = 24, d: int = 16) -> None:
-        super().__init__()
-        self.n, self.d = n, d
-        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
-        for norm in self.norms:
-            nn.init.normal_(norm.weight)
-            nn.init.normal_(norm.bias)
-        self.out = nn.Linear(n * d, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pieces = torch.split(x, self.d, dim=1)
-        return self.out(
-            torch.cat([torch.tanh(m(p)) for m, p in zip(self.norms, pieces, strict=True)], dim=1)
-        )
-
-
 def _program(module: nn.Module, *inputs: torch.Tensor) -> ExportedProgram:
     return export_module(module.eval(), inputs)
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_tuning_fuses_the_seed_pattern_and_replays_exactly(tmp_path: Path) -> None:
     program = _program(SplitNormTanh(), torch.randn(32, 24 * 16))
     options = TuneOptions(budget_s=40, backends=["eager"], cache_path=tmp_path / "c.json")
@@ -72,6 +56,7 @@ def test_original_stands_when_nothing_is_faster(tmp_path: Path) -> None:
     assert [s.verdict for s in config.sites] == ["slower"]
 
 
+@pytest.mark.slow
 def test_retuning_reuses_the_cache(tmp_path: Path) -> None:
     program = _program(SplitNormTanh(n=8), torch.randn(16, 8 * 16))
     options = TuneOptions(budget_s=30, backends=["eager"], cache_path=tmp_path / "c.json")
@@ -85,6 +70,7 @@ def test_retuning_reuses_the_cache(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_cli_tune_writes_program_and_report(tmp_path: Path) -> None:
     model = save_program(_program(SplitNormTanh(n=8), torch.randn(16, 128)), tmp_path / "m.pt2")
     out, report = tmp_path / "out" / "tuned.pt2", tmp_path / "out" / "report.json"
@@ -139,6 +125,8 @@ def test_cli_refuses_a_non_archive(tmp_path: Path) -> None:
     assert "not a .pt2" in result.output
 
 
+@pytest.mark.serial
+@pytest.mark.slow
 def test_the_peers_are_timed_before_any_site_is_searched(tmp_path: Path) -> None:
     """The peers are the floor: they are built and timed first, whatever the search finds."""
     said: list[str] = []
@@ -156,6 +144,7 @@ def test_the_peers_are_timed_before_any_site_is_searched(tmp_path: Path) -> None
     assert counts["timed"] + counts["below_noise"] + counts["out_of_budget"] <= counts["distinct"]
 
 
+@pytest.mark.serial
 def test_peers_not_expected_to_fit_are_announced_and_go_last(tmp_path: Path) -> None:
     """With nothing measured on this machine, the prior says torch.compile will not fit in 8 s:
     the report says so with the budget it needs, the passes go first, and a compile in this
@@ -174,6 +163,7 @@ def test_peers_not_expected_to_fit_are_announced_and_go_last(tmp_path: Path) -> 
     assert peer.verdict == "not measured" and peer.rounds == 0  # never started
 
 
+@pytest.mark.serial
 def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
     tmp_path: Path,
 ) -> None:

@@ -17,11 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.crafted import CODE_MARKER, hostile
+from tests.crafted import CODE_MARKER
 from tuner.contract.errors import UnsafeArtifactError
 from tuner.loading.load import load_program
-
-__all__ = ["hostile"]  # the session fixture, used by name below
 
 ROUTES = {
     "expression_exec": "expr_str",

@@ -83,6 +83,25 @@ class ReluNet(nn.Module):
         return self.fc(torch.relu(x))
 
 
+class SplitNormTanh(nn.Module):
+    """The seed's pattern at a size where fusing 24 small norms pays off on a CPU."""
+
+    def __init__(self, n: int = 24, d: int = 16) -> None:
+        super().__init__()
+        self.n, self.d = n, d
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        for norm in self.norms:
+            nn.init.normal_(norm.weight)
+            nn.init.normal_(norm.bias)
+        self.out = nn.Linear(n * d, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pieces = torch.split(x, self.d, dim=1)
+        return self.out(
+            torch.cat([torch.tanh(m(p)) for m, p in zip(self.norms, pieces, strict=True)], dim=1)
+        )
+
+
 class HalfGradRelu(_ReluPass):
     """Forward-identical, gradient-wrong: relu's output x becomes x.detach() + (x - x.detach())
     * 0.5, which equals x exactly (x - x is 0) but halves the gradient flowing back through it."""

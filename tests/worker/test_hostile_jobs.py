@@ -11,14 +11,12 @@ import httpx
 import pytest
 
 from service.core.config import Settings
-from tests.crafted import CODE_MARKER, MARKER_ENV, hostile
+from tests.crafted import CODE_MARKER, MARKER_ENV
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server
 from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
-
-__all__ = ["hostile"]  # the session fixture, used by name below
 
 PLANTED = (
     "planted_library",
@@ -54,6 +52,7 @@ def plant(app: Any, path: Path) -> int:
     return job.id
 
 
+@pytest.mark.slow
 def test_a_live_worker_refuses_planted_models_and_leaves_nothing(
     server: tuple[str, Any],
     hostile: dict[str, Path],

@@ -13,9 +13,11 @@ from torch.export import Dim
 
 from tests.passes_helpers import (
     InputMaker,
+    Ranker,
     assert_equivalent,
     assert_round_trip,
     assert_unchanged,
+    ranker_inputs,
     sparse_feature,
 )
 from tuner.graph.capture import to_graph_module
@@ -24,32 +26,6 @@ from tuner.passes.apply import Transformed, apply_passes
 from tuner.passes.combine_sparse_inputs import SparsePacker
 
 PASS = ["combine_sparse_inputs"]
-
-
-class Ranker(nn.Module):
-    """A dense input between the sparse features, one embedding bag per feature."""
-
-    def __init__(self, rows: Sequence[int], width: int = 4, mode: str = "sum") -> None:
-        super().__init__()
-        self.bags = nn.ModuleList(nn.EmbeddingBag(r, width, mode=mode) for r in rows)
-        self.dense = nn.Linear(3, width)
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        i0, o0, dense, *rest = xs
-        pooled = [self.bags[0](i0, o0)]
-        pooled += [
-            bag(i, o) for bag, i, o in zip(self.bags[1:], rest[::2], rest[1::2], strict=True)
-        ]
-        return self.dense(dense) + torch.stack(pooled).sum(0)
-
-
-def ranker_inputs(rows: Sequence[int], counts: Sequence[int], bags: int) -> InputMaker:
-    def make(gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-        sparse = [sparse_feature(gen, r, c, bags) for r, c in zip(rows, counts, strict=True)]
-        dense = torch.randn(bags, 3, generator=gen)
-        return (*sparse[0], dense, *(t for pair in sparse[1:] for t in pair))
-
-    return make
 
 
 def placeholders(result: Transformed) -> list[str]:

@@ -1,0 +1,84 @@
+"""The suite's rules for sharing the machine between xdist workers (tests/parallel.py)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.parallel import slow_files_first, turn
+
+
+def _holds(folder: Path, serial: bool, entered: threading.Event, leave: threading.Event) -> None:
+    with turn(folder, serial):
+        entered.set()
+        leave.wait(10)
+
+
+def _start(folder: Path, serial: bool) -> tuple[threading.Event, threading.Event]:
+    """A thread that takes a turn (its own open files: flock locks them against each other)
+    and holds it until told to leave."""
+    entered, leave = threading.Event(), threading.Event()
+    threading.Thread(target=_holds, args=(folder, serial, entered, leave), daemon=True).start()
+    return entered, leave
+
+
+def test_tests_share_the_machine_and_a_serial_one_waits_for_it_alone(tmp_path: Path) -> None:
+    first, leave_first = _start(tmp_path, serial=False)
+    assert first.wait(5)
+    second, leave_second = _start(tmp_path, serial=False)
+    assert second.wait(5)  # the control: two ordinary tests run side by side
+    alone, leave_alone = _start(tmp_path, serial=True)
+    assert not alone.wait(0.5)  # the serial test waits for both
+    leave_first.set()
+    assert not alone.wait(0.3)
+    late, leave_late = _start(tmp_path, serial=False)
+    leave_second.set()
+    assert alone.wait(5)  # ... and goes before a test that came after it
+    assert not late.wait(0.5)  # which waits in turn
+    leave_alone.set()
+    assert late.wait(5)
+    leave_late.set()
+
+
+@dataclass
+class _Item:
+    path: Path
+    markers: set[str] = field(default_factory=set)
+
+    def get_closest_marker(self, name: str) -> Any:
+        return name if name in self.markers else None
+
+
+def test_files_with_slow_tests_are_handed_out_first() -> None:
+    items = [
+        _Item(Path("a.py")),
+        _Item(Path("b.py")),
+        _Item(Path("b.py"), {"slow"}),
+        _Item(Path("c.py")),
+        _Item(Path("d.py"), {"slow", "serial"}),
+    ]
+    slow_files_first(items)  # type: ignore[arg-type]
+    assert [(str(i.path), sorted(i.markers)) for i in items] == [
+        ("b.py", []),
+        ("b.py", ["slow"]),
+        ("d.py", ["serial", "slow"]),
+        ("a.py", []),
+        ("c.py", []),
+    ]
+
+
+@pytest.mark.serial
+def test_a_serial_test_runs_alone_under_xdist(request: pytest.FixtureRequest) -> None:
+    """Through the hook (tests/conftest.py): the lock is held while this test runs."""
+    from tests.parallel import lock_folder
+
+    folder = lock_folder(request.config)
+    if folder is None:
+        pytest.skip("not under xdist: nothing runs beside this test anyway")
+    other, leave = _start(folder, serial=False)
+    assert not other.wait(0.5)
+    leave.set()
