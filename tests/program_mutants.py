@@ -1,7 +1,7 @@
 """Mutations of a program's JSON for the fuzzers: payloads of each class of attack for strings
 (code in expressions, guards and names; quotes, newlines, huge text), extremes for numbers, and
-unknown keys for objects. Shared by the loader fuzzer (tests/tuner/test_program_fuzz.py) and the
-upload fuzzer (tests/service/test_upload_fuzz.py)."""
+unknown keys for objects. Shared by the loader fuzzer (tests/tuner/loading/test_program_fuzz.py)
+and the upload fuzzer (tests/service/test_upload_fuzz.py)."""
 
 from __future__ import annotations
 

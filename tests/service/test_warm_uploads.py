@@ -13,10 +13,9 @@ import pytest
 
 from service.analysis import ProgramAnalysis, UnloadableProgram
 from service.core.config import Settings
-from tests.crafted import CODE_MARKER, WHY, hostile
+from tests.crafted import CODE_MARKER, WHY
 from tests.service.helpers import REPO, pid_alive, thread_server, tiny_program
 
-__all__ = ["hostile"]  # the session fixture, used by name below
 
 READY_S = 180  # a child importing torch, on a loaded 2-core machine
 CODE_ROUTES = ("expression_exec", "guard_exec", "name_exec")

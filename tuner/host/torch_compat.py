@@ -11,7 +11,7 @@ untuned module and one warning from `load_tuned` (which catches every error), ne
 start-up; the `fxtune` commands and the worker check first, and say so.
 
 Experts may override with FXTUNE_ALLOW_UNCHECKED_TORCH=1 (a log line says it was used); the tests
-in tests/tuner/test_torch_compat.py are then the check to run on that torch.
+in tests/tuner/host/test_torch_compat.py are then the check to run on that torch.
 
 Each module a tuner file imports from goes through `private()` (or a `lazy()` handle, which calls
 it on first attribute use); attributes and op names that are not imports (an op's `_schema`, a
@@ -227,7 +227,7 @@ def check_torch(version: str | None = None) -> None:
         f"torch APIs (tuner/host/torch_compat.py) that change between releases, so it refuses "
         "rather "
         f"than guess: install torch {checked} (pip install 'torch=={CHECKED_SERIES[-1]}.*'), or "
-        f"set {ALLOW_ENV}=1 to try anyway (then run tests/tuner/test_torch_compat.py first)"
+        f"set {ALLOW_ENV}=1 to try anyway (then run tests/tuner/host/test_torch_compat.py first)"
     )
 
 

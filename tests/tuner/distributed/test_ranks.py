@@ -64,7 +64,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
         """
     )
     (tmp_path / "launch.py").write_text(script)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     launcher = subprocess.Popen([sys.executable, str(tmp_path / "launch.py")], env=env)
     try:
         deadline = time.monotonic() + 60

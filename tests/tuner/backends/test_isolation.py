@@ -12,7 +12,7 @@ from tuner.backends import isolation
 from tuner.graph.capture import export_module
 from tuner.tuning.tuner import TuneOptions, tune_program
 
-CRASHING = "tests.tuner.crashing_compile_child"
+CRASHING = "tests.tuner.backends.crashing_child"
 
 
 @pytest.mark.serial

@@ -26,7 +26,7 @@ from tuner.contract.exit_codes import ExitCode, exit_code_for
 from tuner.host import torch_compat
 from tuner.host.torch_compat import ALLOW_ENV, CHECKED_SERIES, PRIVATE_APIS, check_torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TUNER = REPO / "tuner"
 # Files owned by work in progress that still import private torch directly; they are listed
 # in the registry's used_by all the same (checked below). Converting them is a small follow-up.

@@ -42,7 +42,7 @@ from tuner.deploy.client import (
 from tuner.graph.capture import export_module, save_program
 from tuner.graph.fingerprint import model_fingerprint
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def has_dropout(module: nn.Module) -> bool:

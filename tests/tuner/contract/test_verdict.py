@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from tuner.contract.config import SiteDecision, TunedConfig, Verdict
 
-TUNER = Path(__file__).resolve().parents[2] / "tuner"
+TUNER = Path(__file__).resolve().parents[3] / "tuner"
 # The values of the Literal that `Verdict` was (the service's database and the dashboard hold them).
 LITERAL = (
     "faster", "slower", "within noise", "wrong outputs", "failed to run", "crashed", "not measured"
