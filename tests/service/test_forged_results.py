@@ -41,7 +41,7 @@ def test_a_forged_program_is_refused_and_the_genuine_one_stored(
     assert program_fingerprint(forged) == fingerprint
     with genuine.open("rb") as f:
         model = httpx.post(
-            f"{url}/api/v1/models", files={"file": ("m.pt2", f)}, data={"tune": "true"}
+            f"{url}/api/v1/models", files={"file": ("m.pt2", f)}, data={"tune": "true"}, timeout=60
         ).json()
     job = httpx.post(f"{url}/api/v1/jobs/claim", json={"worker_id": "w", "device": "cpu"}).json()
     cfg = config(fingerprint) | {"passes": []}

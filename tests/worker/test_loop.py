@@ -73,7 +73,10 @@ def make_worker(url: str, mode: str, monkeypatch: pytest.MonkeyPatch, **opts: An
 def submit(url: str, program: Path) -> dict[str, Any]:
     with program.open("rb") as f:
         resp = httpx.post(
-            f"{url}/api/v1/models", files={"file": f}, data={"tune": "true", "budget_s": "3"}
+            f"{url}/api/v1/models",
+            files={"file": f},
+            data={"tune": "true", "budget_s": "3"},
+            timeout=60,  # the upload's check starts a child that imports torch
         )
     resp.raise_for_status()
     return resp.json()
