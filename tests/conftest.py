@@ -21,7 +21,6 @@ import pytest
 
 from service.launch import free_port
 from tests import parallel
-from tests.crafted import hostile_files
 
 
 @dataclass
@@ -158,6 +157,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The crafted hostile files (tests/crafted.py), built once per session: defined here, not
     imported into each test module, where pytest would build a session fixture once per module."""
+    from tests.crafted import hostile_files  # torch: not for the xdist controller
+
     return hostile_files(tmp_path_factory.mktemp("hostile"))
 
 
