@@ -1,5 +1,5 @@
-"""Root fixtures: a throw-away PostgreSQL on loopback, a database URL per backend, and the
-crafted hostile files.
+"""Root fixtures: a throw-away PostgreSQL on loopback, a database URL per backend, the crafted
+hostile files and the small sharded model's programs.
 
 The PostgreSQL server starts once per session, only when a test asks for it, with `initdb` and
 `pg_ctl` (as user `postgres` when the tests run as root). FXTUNE_TEST_POSTGRES_URL points the
@@ -160,6 +160,15 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tests.crafted import hostile_files  # torch: not for the xdist controller
 
     return hostile_files(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture(scope="session")
+def sharded_2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The small sharded model's two rank programs (tests/sharded_helpers.py), exported once per
+    session on a real gloo group: the path pattern, `{rank}` in it. Tests only read them."""
+    from tests.sharded_helpers import build_small
+
+    return build_small(tmp_path_factory.mktemp("sharded"), 2)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
