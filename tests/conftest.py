@@ -1,5 +1,5 @@
 """Root fixtures: a throw-away PostgreSQL on loopback, a database URL per backend, the crafted
-hostile files, and strict fallbacks for the whole suite.
+hostile files, the small sharded model's programs, and strict fallbacks for the whole suite.
 
 The PostgreSQL server starts once per session, only when a test asks for it, with `initdb` and
 `pg_ctl` (as user `postgres` when the tests run as root). FXTUNE_TEST_POSTGRES_URL points the
@@ -27,7 +27,6 @@ import pytest
 
 from service.launch import free_port
 from tests import parallel
-from tests.crafted import hostile_files
 from tuner.host import failures
 
 os.environ[failures.STRICT_ENV] = "1"
@@ -167,7 +166,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The crafted hostile files (tests/crafted.py), built once per session: defined here, not
     imported into each test module, where pytest would build a session fixture once per module."""
+    from tests.crafted import hostile_files  # torch: not for the xdist controller
+
     return hostile_files(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture(scope="session")
+def sharded_2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The small sharded model's two rank programs (tests/sharded_helpers.py), exported once per
+    session on a real gloo group: the path pattern, `{rank}` in it. Tests only read them."""
+    from tests.sharded_helpers import build_small
+
+    return build_small(tmp_path_factory.mktemp("sharded"), 2)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

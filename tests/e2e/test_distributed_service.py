@@ -17,7 +17,6 @@ from service.cli import app as service_cli
 from service.core.config import Settings
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server
-from tests.sharded_helpers import build_small
 from tuner.distributed.tune import rank_path
 from tuner.host.sandbox import bwrap_works
 from tuner.loading.load import load_program
@@ -52,11 +51,11 @@ def worker(url: str, tmp_path: Path, ranks: int) -> Worker:
 
 @pytest.mark.slow
 def test_a_two_rank_job_is_tuned_by_a_two_rank_worker_and_shown_per_rank(
-    server: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: tuple[str, Any], sharded_2: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, _app = server
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    pattern = build_small(tmp_path / "programs", 2)
+    pattern = sharded_2
     submit = ["submit", pattern, "--server", url, "--world-size", "2", "--budget-s", "8"]
     submitted = CliRunner().invoke(service_cli, submit)
     assert submitted.exit_code == 0, submitted.output

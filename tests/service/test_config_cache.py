@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from service.core.config import Settings
 from service.main import create_app
 from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
-from tests.service.helpers import LOCAL, tiny_program
+from tests.service.helpers import LOCAL, RESULTS_UNCHECKED, tiny_program
 
 LOOPBACK = ("127.0.0.1", 40000)
 ELSEWHERE = ("203.0.113.9", 40000)
@@ -29,7 +29,9 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def settings_for(tmp_path: Path, **extra: Any) -> Settings:
     return Settings(
-        data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", **extra
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        **{**RESULTS_UNCHECKED, **extra},
     )
 
 

@@ -33,14 +33,16 @@ from tests.service.dashboard_pages import (
     upload,
 )
 from tests.service.fakes import training_config
-from tests.service.helpers import LOCAL, tiny_program
+from tests.service.helpers import LOCAL, RESULTS_UNCHECKED, tiny_program
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, dict]]:
     """One seeded service shared by the read-only tests of this module."""
     root = tmp_path_factory.mktemp("dashboard")
-    settings = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
+    settings = Settings(
+        data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}", **RESULTS_UNCHECKED
+    )
     with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
         yield client, seed(client, root)
 
@@ -275,7 +277,9 @@ def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
 def service_with_a_model(root: Path, name: str) -> Iterator[tuple[TestClient, Path, int]]:
     """A service of its own, for a test that stores results the shared one must not show:
     the client, a tiny program, and the id it was uploaded (and queued) under."""
-    settings = Settings(data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}")
+    settings = Settings(
+        data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}", **RESULTS_UNCHECKED
+    )
     with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
         program = root / "tiny.pt2"
         tiny_program(program)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from service.core.config import Settings
 from service.main import create_app
 from tests.service.dashboard_pages import ELSEWHERE, LOOPBACK, TOKEN, seed
-from tests.service.helpers import LOCAL
+from tests.service.helpers import LOCAL, RESULTS_UNCHECKED
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
         database_url=f"sqlite:///{root / 'db.sqlite'}",
         api_token=TOKEN,
         worker_token="worker-" + TOKEN,
+        **RESULTS_UNCHECKED,
     )
     with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
         client.headers["Authorization"] = f"Bearer {TOKEN}"

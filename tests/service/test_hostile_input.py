@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from service.core.config import Settings
 from service.main import create_app
 from tests.service.fakes import upload_parts, write_result
-from tests.service.helpers import LOCAL, blob_count, spool_count, tiny_program
+from tests.service.helpers import LOCAL, RESULTS_UNCHECKED, blob_count, spool_count, tiny_program
 
 LOOPBACK = ("127.0.0.1", 40000)
 
@@ -27,7 +27,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def settings(db_url: str, tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", database_url=db_url)
+    return Settings(data_dir=tmp_path / "data", database_url=db_url, **RESULTS_UNCHECKED)
 
 
 @pytest.fixture

@@ -59,6 +59,7 @@ def queue_job(url: str, site: Path) -> int:
             files={"file": f},
             data={"tune": "true"},
             headers={"Authorization": f"Bearer {USER}"},
+            timeout=60,  # the upload's check starts a child that imports torch
         )
     resp.raise_for_status()
     return resp.json()["job"]["id"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from examples.sharded import Reference, global_inputs, rank_inputs, reference_slice
-from tests.sharded_helpers import alive, build_small, recorded_pids, small, tune_then_die
+from tests.sharded_helpers import alive, recorded_pids, small, tune_then_die
 from tuner.distributed.ranks import RankFailedError, run_ranks
 from tuner.distributed.tune import DistributedTuneOptions, rank_path, tune_distributed, tune_rank
 from tuner.graph.capture import to_graph_module
@@ -51,8 +51,10 @@ def check_report(report: dict[str, Any], world_size: int) -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_tune_decide_once_and_write_tuned_programs(tmp_path: Path) -> None:
-    model = build_small(tmp_path, 2)
+def test_two_ranks_tune_decide_once_and_write_tuned_programs(
+    sharded_2: str, tmp_path: Path
+) -> None:
+    model = sharded_2
     options = DistributedTuneOptions(world_size=2, backend="gloo", budget_s=2.0, profile_steps=10)
     out, report_path = tmp_path / "tuned_rank{rank}.pt2", tmp_path / "report.json"
     report = tune_distributed(model, options, out=out, report=report_path)
@@ -98,8 +100,10 @@ def test_four_ranks_tuned_outputs_equal_the_unsharded_model(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_tuning_fails_the_job_and_leaves_no_rank(tmp_path: Path) -> None:
-    model = build_small(tmp_path, 2)
+def test_a_rank_killed_mid_tuning_fails_the_job_and_leaves_no_rank(
+    sharded_2: str, tmp_path: Path
+) -> None:
+    model = sharded_2
     options = DistributedTuneOptions(world_size=2, budget_s=30.0, collective_timeout_s=20)
     started = time.monotonic()
     with pytest.raises(RankFailedError, match=r"rank 1 died \(exit code -9\)"):

@@ -145,6 +145,7 @@ def combined(dynamic_recsys: tuple[Any, Any, Any], tmp_path_factory: Any) -> tup
     return done, loaded.module(), backends.package_aoti(loaded, out / "tuned.aoti.pt2")
 
 
+@pytest.mark.serial  # the combined inputs must be timed within a 40 s budget
 @pytest.mark.slow
 def test_recsys_with_a_dynamic_batch_is_tuned_with_combined_sparse_inputs(
     dynamic_recsys: tuple[Any, Any, Any],

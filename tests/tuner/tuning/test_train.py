@@ -93,6 +93,7 @@ def test_compiled_training_steps_are_checked_timed_and_compared(tmp_path: Path) 
         assert versus["rounds"] > 0 and versus["speedup"] > 0
 
 
+@pytest.mark.serial  # its check must run before a 20 s budget is spent
 def test_tuner_rejects_the_planted_gradient_bug_before_timing(tmp_path: Path) -> None:
     program, _ = relu_net_program()
     options = TuneOptions(
