@@ -147,7 +147,7 @@ class Sandbox:
         return ["bwrap", *self.binds(workdir, readable), "--", *cmd]
 
     def binds(self, workdir: Path, readable: Iterable[Path]) -> list[str]:
-        args: list[str] = []
+        args = ["--proc", "/proc", "--tmpfs", "/tmp"]  # first: a venv under /tmp binds over it
         for path in SYSTEM_DIRS:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
@@ -163,7 +163,6 @@ class Sandbox:
             args += ["--dev", "/dev"]
             for path in CPU_SYS:
                 args += ["--ro-bind-try", path, path]
-        args += ["--proc", "/proc", "--tmpfs", "/tmp"]
         for path in (workdir, *self.writable):
             args += ["--bind", str(path), str(path)]
         for path in self.read_only:

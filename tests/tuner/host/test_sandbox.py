@@ -27,6 +27,7 @@ from tuner.host.sandbox import (
     bwrap_works,
     choose_sandbox,
     error_line,
+    python_paths,
     resolve_sandbox,
     run_child,
 )
@@ -164,9 +165,11 @@ def test_bubblewrap_keeps_the_child_off_the_disk_and_the_network(tmp_path: Path)
     found = probe(tmp_path, choose_sandbox("bwrap"))
     assert found["escaped"] is False
     assert found["connected"] is False
-    # /tmp is its own: only the mount point of the job folder, when that lies below /tmp
-    job = (tmp_path / "job").resolve()
-    assert found["tmp_listing"] == ([job.parts[2]] if job.is_relative_to("/tmp") else [])
+    # /tmp is its own: only the mount points of the job folder and of the Python environment,
+    # where those lie below /tmp (a checkout there)
+    bound = [(tmp_path / "job").resolve(), *(p.resolve() for p in python_paths())]
+    mounts = {p.parts[2] for p in bound if p.is_relative_to("/tmp") and len(p.parts) > 2}
+    assert set(found["tmp_listing"]) == mounts
 
 
 def test_without_bubblewrap_the_same_child_reaches_both(tmp_path: Path) -> None:
@@ -284,6 +287,23 @@ def test_bubblewrap_binds_the_system_and_python_not_the_root() -> None:
     assert "/usr" in bound
     prefix = Path(sys.prefix).resolve()
     assert str(prefix) in bound or prefix.is_relative_to("/usr")
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot run on this machine")
+def test_a_program_kept_under_tmp_still_runs_in_the_sandbox(tmp_path: Path) -> None:
+    """A checkout (and its venv) under /tmp: the sandbox's own /tmp must not hide it."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        tool = Path(tmp) / "venv" / "bin" / "tool"
+        tool.parent.mkdir(parents=True)
+        tool.write_text("#!/bin/sh\necho ran > ran.txt\n")
+        tool.chmod(0o755)
+        workdir = tmp_path / "job"
+        workdir.mkdir()
+        sandbox = choose_sandbox("bwrap")
+        limits = Limits(wall_s=60)
+        result = run_child([str(tool)], limits, workdir, lambda p, m: None, sandbox=sandbox)
+        assert result.ok, result.error
+        assert (workdir / "ran.txt").read_text() == "ran\n"
 
 
 ENV_DUMP = "import json, os; open('env.json', 'w').write(json.dumps(dict(os.environ)))"
