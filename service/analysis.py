@@ -253,7 +253,12 @@ class ProgramAnalysis:
             if readiness == "ended" or (readiness == "ready" and not child.hand(argv)):
                 return None
             done = wait_child(
-                child.proc, self._caps(), child.folder.path, deadline, reader=child.reader
+                child.proc,
+                self._caps(),
+                child.folder.path,
+                deadline,
+                reader=child.reader,
+                sandbox=self._sandbox(child.folder),
             )
             return done, _answer(done, child.folder)
         finally:

@@ -146,6 +146,13 @@ class Sandbox:
             readable.append(Path(cmd[0]).resolve().parent)
         return ["bwrap", *self.binds(workdir, readable), "--", *cmd]
 
+    def exit_status(self, returncode: int) -> int:
+        """The wrapped command's own status, as Popen reports an unwrapped one: bubblewrap, the
+        namespace's init, exits 128+N when its command dies of signal N."""
+        if self.kind == "bwrap" and 128 < returncode < 128 + signal.NSIG:
+            return -(returncode - 128)
+        return returncode
+
     def binds(self, workdir: Path, readable: Iterable[Path]) -> list[str]:
         args = ["--proc", "/proc", "--tmpfs", "/tmp"]  # first: a venv under /tmp binds over it
         for path in SYSTEM_DIRS:
@@ -332,9 +339,11 @@ def wait_child(
     cancelled: Callable[[], bool] = lambda: False,
     reader: threading.Thread | None = None,
     redact: Redact = _cut,
+    sandbox: Sandbox = Sandbox(),
 ) -> ChildResult:
     """Wait for a child of `spawn_child` until it exits, `cancelled()` or the monotonic
-    `deadline`; then kill its whole group and say how it ended (its error from its stderr)."""
+    `deadline`; then kill its whole group and say how it ended (its error from its stderr;
+    a signal as a negative code, under bubblewrap too: `sandbox` is the one it started in)."""
     timed_out = was_cancelled = False
     while proc.poll() is None:
         if time.monotonic() > deadline:
@@ -350,7 +359,7 @@ def wait_child(
     kill_group(proc)  # anything the child left running in its group
     if reader is not None:
         reader.join(timeout=5)
-    code = proc.returncode
+    code = sandbox.exit_status(proc.returncode)
     if code == 0 and not (timed_out or was_cancelled):
         return ChildResult(0, None)
     if timed_out:
@@ -395,4 +404,4 @@ def run_child(
     if on_started is not None:
         on_started()
     deadline = time.monotonic() + limits.wall_s
-    return wait_child(proc, limits, workdir, deadline, cancelled, reader, redact)
+    return wait_child(proc, limits, workdir, deadline, cancelled, reader, redact, sandbox)

@@ -306,6 +306,22 @@ def test_a_program_kept_under_tmp_still_runs_in_the_sandbox(tmp_path: Path) -> N
         assert (workdir / "ran.txt").read_text() == "ran\n"
 
 
+@pytest.mark.parametrize("kind", ["none", "bwrap"])
+def test_a_child_killed_by_a_signal_says_so_in_or_out_of_the_sandbox(
+    tmp_path: Path, kind: str
+) -> None:
+    """bubblewrap exits 128+N for a command killed by signal N; the result reads as Popen's -N."""
+    if kind == "bwrap" and not bwrap_works():
+        pytest.skip("bubblewrap cannot run on this machine")
+    cmd = py("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    sandbox = choose_sandbox(kind)  # type: ignore[arg-type]
+    result = run_child(cmd, Limits(wall_s=60), tmp_path, lambda p, m: None, sandbox=sandbox)
+    assert result.returncode == -signal.SIGSEGV
+    assert result.error == "tuner killed by SIGSEGV"
+    exits_139 = run_child(py("raise SystemExit(139)"), Limits(wall_s=60), tmp_path, print)
+    assert exits_139.returncode == 139  # control: unwrapped, a status is a status
+
+
 ENV_DUMP = "import json, os; open('env.json', 'w').write(json.dumps(dict(os.environ)))"
 SECRETS = {
     "FXTUNE_WORKER_TOKEN": "worker-secret-123456",
