@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.passes_helpers import Ranker, ranker_inputs
 from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.graph.capture import export_module, to_graph_module
 from tuner.measure import timing as measure
@@ -24,18 +25,23 @@ def _stalled(c: Comparison, factor: float) -> Comparison:
     return Comparison.from_samples(base, c.candidate_s, c.stopped, confidence=c.confidence)
 
 
-def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], int, DecisionCache]:
-    """Search with the first `stalls` site timings inflated 1000x; returns decisions, calls."""
-    calls = 0
+def _stall(monkeypatch: pytest.MonkeyPatch, stalls: int) -> list[int]:
+    """The first `stalls` site timings inflated 1000x; the list holds the number of calls."""
+    calls = [0]
     real = measure.compare
 
     def compare(*args: Any, **kwargs: Any) -> Comparison:
-        nonlocal calls
-        calls += 1
+        calls[0] += 1
         c = real(*args, **{**kwargs, "budget_s": 2.0})
-        return _stalled(c, 1000.0) if calls <= stalls else c
+        return _stalled(c, 1000.0) if calls[0] <= stalls else c
 
     monkeypatch.setattr("tuner.search.site_search.compare", compare)
+    return calls
+
+
+def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], int, DecisionCache]:
+    """Search with the first `stalls` site timings inflated 1000x; returns decisions, calls."""
+    calls = _stall(monkeypatch, stalls)
     module = SplitNormTanh(n=4).eval()
     x = torch.randn(8, 64)
     gm = to_graph_module(export_module(module, (x,)))
@@ -44,7 +50,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], in
     settings = SearchSettings(passes=["fuse_horizontal_layernorm"], model_time_s=model_s)
     cache = MemoryDecisionCache()
     result = SiteSearch(settings, cache).run(copy.deepcopy(gm), (x,))
-    return result.decisions, calls, cache
+    return result.decisions, calls[0], cache
 
 
 @pytest.mark.serial
@@ -71,3 +77,20 @@ def test_a_site_consistent_when_re_measured_keeps_the_second_verdict(
     assert d.inconsistent is None
     assert d.verdict != "not measured"
     assert d.baseline_s is not None and d.baseline_s < 1.0
+
+
+def test_a_pass_timed_on_the_whole_program_is_not_checked_against_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """combine_sparse_inputs changes the inputs, so its "site" is the whole program: a second
+    measurement of the model is not a part that could contradict the first."""
+    calls = _stall(monkeypatch, stalls=10)
+    rows = [10, 7, 12]
+    make = ranker_inputs(rows, [5, 8, 3], bags=4)
+    inputs = make(torch.Generator().manual_seed(0))
+    gm = to_graph_module(export_module(Ranker(rows).eval(), inputs))
+    model_s = quick_per_call_s(lambda: gm(*inputs))
+    settings = SearchSettings(passes=["combine_sparse_inputs"], model_time_s=model_s)
+    (d,) = SiteSearch(settings, MemoryDecisionCache()).run(copy.deepcopy(gm), inputs).decisions
+    assert calls == [1]
+    assert d.inconsistent is None and d.verdict != "not measured"
