@@ -314,11 +314,12 @@ def test_a_child_killed_by_a_signal_says_so_in_or_out_of_the_sandbox(
     if kind == "bwrap" and not bwrap_works():
         pytest.skip("bubblewrap cannot run on this machine")
     cmd = py("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    ignore = lambda p, m: None  # noqa: E731
     sandbox = choose_sandbox(kind)  # type: ignore[arg-type]
-    result = run_child(cmd, Limits(wall_s=60), tmp_path, lambda p, m: None, sandbox=sandbox)
+    result = run_child(cmd, Limits(wall_s=60), tmp_path, ignore, sandbox=sandbox)
     assert result.returncode == -signal.SIGSEGV
     assert result.error == "tuner killed by SIGSEGV"
-    exits_139 = run_child(py("raise SystemExit(139)"), Limits(wall_s=60), tmp_path, print)
+    exits_139 = run_child(py("raise SystemExit(139)"), Limits(wall_s=60), tmp_path, ignore)
     assert exits_139.returncode == 139  # control: unwrapped, a status is a status
 
 
