@@ -163,11 +163,15 @@ def worker_process(url: str, env: dict[str, str], log: Path) -> Iterator[subproc
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of a process (Linux /proc)."""
+    """Direct children of a process (Linux /proc); none once it has ended, even mid-scan."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # ended (or reaped) between the caller's look and ours
+        return []
     found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    for task in tasks:
         with contextlib.suppress(OSError):
-            found += [int(c) for c in (task / "children").read_text().split()]
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
     return found
 
 
