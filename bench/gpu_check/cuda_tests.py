@@ -36,8 +36,10 @@ def check_cuda_tests(work: Path, cuda: bool, timeout_s: float) -> dict[str, Any]
     there is a wrong skip); without one every one must skip."""
     files = cuda_test_files()
     junit, log = work / "cuda-tests.xml", work / "cuda-tests.log"
+    # The suite's addopts need pytest-xdist and pytest-rerunfailures, which a GPU image lacks.
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", *map(str, files)]  # fmt: skip
+           "-o", "addopts=-ra --strict-markers", f"--junitxml={junit}",
+           *map(str, files)]  # fmt: skip
     row: dict[str, Any] = {"name": "pytest -m cuda", "kind": "check", "files": len(files)}
     started = time.monotonic()
     try:
