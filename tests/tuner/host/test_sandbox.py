@@ -33,6 +33,10 @@ from tuner.host.sandbox import (
 )
 
 
+def no_progress(fraction: float, message: str) -> None:
+    """The progress callback of a child whose progress the test does not read."""
+
+
 def py(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
@@ -57,9 +61,9 @@ def test_a_failure_reports_the_error_block_or_the_last_line(tmp_path: Path) -> N
         sys.stderr.write("warn\\nerror: refused to load x:\\n  it pickles\\n")
         sys.exit(2)
     """
-    result = run_child(py(code), Limits(wall_s=30), tmp_path, lambda p, m: None)
+    result = run_child(py(code), Limits(wall_s=30), tmp_path, no_progress)
     assert result.returncode == 2 and result.error == "error: refused to load x: it pickles"
-    result = run_child(py("raise KeyError('k')"), Limits(wall_s=30), tmp_path, lambda p, m: None)
+    result = run_child(py("raise KeyError('k')"), Limits(wall_s=30), tmp_path, no_progress)
     assert result.returncode == 1 and result.error == "KeyError: 'k'"
     assert error_line("\n\n") is None
 
@@ -73,7 +77,7 @@ def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
         time.sleep(600)
     """
     started = time.monotonic()
-    result = run_child(py(code), Limits(wall_s=1.5), tmp_path, lambda p, m: None)
+    result = run_child(py(code), Limits(wall_s=1.5), tmp_path, no_progress)
     assert time.monotonic() - started < 10
     assert result.timed_out and not result.ok and "timed out after 1.5s" in (result.error or "")
     grandchild = int(pid_file.read_text())
@@ -83,14 +87,12 @@ def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
 def test_the_address_space_limit_stops_a_memory_hog(tmp_path: Path) -> None:
     code = "x = bytearray(2 * 1024**3)"
     limits = Limits(wall_s=30, address_space_bytes=512 * 1024**2)
-    result = run_child(py(code), limits, tmp_path, lambda p, m: None)
+    result = run_child(py(code), limits, tmp_path, no_progress)
     assert result.returncode == 1 and result.error == "MemoryError"
 
 
 def test_the_cpu_time_limit_stops_a_spinning_tuner(tmp_path: Path) -> None:
-    result = run_child(
-        py("while True: pass"), Limits(wall_s=60, cpu_s=1), tmp_path, lambda p, m: None
-    )
+    result = run_child(py("while True: pass"), Limits(wall_s=60, cpu_s=1), tmp_path, no_progress)
     assert result.returncode == -signal.SIGXCPU and "SIGXCPU" in (result.error or "")
 
 
@@ -120,7 +122,7 @@ def test_the_tuner_dies_with_its_worker(tmp_path: Path) -> None:
 
 
 def test_a_missing_tuner_is_an_error_not_a_crash(tmp_path: Path) -> None:
-    result = run_child(["/nonexistent/fxtune"], Limits(wall_s=5), tmp_path, lambda p, m: None)
+    result = run_child(["/nonexistent/fxtune"], Limits(wall_s=5), tmp_path, no_progress)
     assert not result.ok and "cannot start the tuner" in (result.error or "")
 
 
@@ -152,7 +154,7 @@ def probe(tmp_path: Path, sandbox: Sandbox) -> dict[str, object]:
     workdir.mkdir()
     with listening() as port:
         cmd = [sys.executable, "-c", PROBE, str(port), str(outside)]
-        result = run_child(cmd, Limits(wall_s=60), workdir, lambda p, m: None, sandbox=sandbox)
+        result = run_child(cmd, Limits(wall_s=60), workdir, no_progress, sandbox=sandbox)
     assert result.ok, result.error
     found = json.loads((workdir / "probe.json").read_text())
     found["escaped"] = outside.exists()  # on the host, not in the sandbox's own /tmp
@@ -210,7 +212,7 @@ def test_bubblewrap_keeps_loopback_inside_the_sandbox_for_distributed_ranks(
     """gloo ranks of one job meet on 127.0.0.1 in the sandbox's own network namespace."""
     cmd = [sys.executable, "-c", LOOPBACK]
     sandbox = choose_sandbox("bwrap")
-    result = run_child(cmd, Limits(wall_s=60), tmp_path, lambda p, m: None, sandbox=sandbox)
+    result = run_child(cmd, Limits(wall_s=60), tmp_path, no_progress, sandbox=sandbox)
     assert result.ok, result.error
     assert (tmp_path / "loopback.txt").read_bytes() == b"rank"
 
@@ -257,7 +259,7 @@ def machine() -> Iterator[dict[str, Path]]:
 def snoop(machine: dict[str, Path], sandbox: Sandbox) -> dict[str, object]:
     targets = ["root_file", "database", "upload", "other_job", "other_input", "cache"]
     cmd = [sys.executable, "-c", SNOOP, *(str(machine[t]) for t in targets)]
-    result = run_child(cmd, Limits(wall_s=60), machine["job"], lambda p, m: None, sandbox=sandbox)
+    result = run_child(cmd, Limits(wall_s=60), machine["job"], no_progress, sandbox=sandbox)
     assert result.ok, result.error
     found = json.loads((machine["job"] / "snoop.json").read_text())
     return {t: found[str(machine[t])] for t in targets}
@@ -301,7 +303,7 @@ def test_a_program_kept_under_tmp_still_runs_in_the_sandbox(tmp_path: Path) -> N
         workdir.mkdir()
         sandbox = choose_sandbox("bwrap")
         limits = Limits(wall_s=60)
-        result = run_child([str(tool)], limits, workdir, lambda p, m: None, sandbox=sandbox)
+        result = run_child([str(tool)], limits, workdir, no_progress, sandbox=sandbox)
         assert result.ok, result.error
         assert (workdir / "ran.txt").read_text() == "ran\n"
 
@@ -314,12 +316,11 @@ def test_a_child_killed_by_a_signal_says_so_in_or_out_of_the_sandbox(
     if kind == "bwrap" and not bwrap_works():
         pytest.skip("bubblewrap cannot run on this machine")
     cmd = py("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
-    ignore = lambda p, m: None  # noqa: E731
     sandbox = choose_sandbox(kind)  # type: ignore[arg-type]
-    result = run_child(cmd, Limits(wall_s=60), tmp_path, ignore, sandbox=sandbox)
+    result = run_child(cmd, Limits(wall_s=60), tmp_path, no_progress, sandbox=sandbox)
     assert result.returncode == -signal.SIGSEGV
     assert result.error == "tuner killed by SIGSEGV"
-    exits_139 = run_child(py("raise SystemExit(139)"), Limits(wall_s=60), tmp_path, ignore)
+    exits_139 = run_child(py("raise SystemExit(139)"), Limits(wall_s=60), tmp_path, no_progress)
     assert exits_139.returncode == 139  # control: unwrapped, a status is a status
 
 
@@ -349,7 +350,7 @@ def test_the_child_gets_an_allowlisted_environment(
         cmd,
         Limits(wall_s=60),
         tmp_path,
-        lambda p, m: None,
+        no_progress,
         env=passed,
         sandbox=Sandbox(kind),  # type: ignore[arg-type]
     )
