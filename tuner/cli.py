@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -136,7 +137,11 @@ def tune_cmd(
     ] = None,
     no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiles")] = False,
     threads: Annotated[
-        int | None, typer.Option(help="CPU threads to tune with (default: torch's default)")
+        int | None,
+        typer.Option(
+            help="CPU threads to tune with (default: torch's default, or the cores that other "
+            "work leaves free where fewer)"
+        ),
     ] = None,
     progress_json: Annotated[
         bool, typer.Option("--progress-json", help="Progress as JSON lines on stdout")
@@ -169,6 +174,7 @@ def tune_cmd(
     ] = None,
 ) -> None:
     """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
+    started = time.monotonic()
     if world_size > 1:
         from tuner.distributed.cli import tune_distributed_cmd
 
@@ -179,7 +185,10 @@ def tune_cmd(
 
         tune_distributed_cmd(model, out, report, world_size, budget_s, threads, console)
         return
+    import torch
+
     from tuner.graph.sizes import parse_sizes
+    from tuner.host.load import sample_load, threads_beside
     from tuner.loading.bounds import load_bounded
     from tuner.measure.timing import require_timing
     from tuner.tuning.outputs import write_outputs
@@ -188,12 +197,17 @@ def tune_cmd(
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
     try:
         require_timing(device)  # a missing device fails before the model is even read
+        load = sample_load()
+        if threads is None and Device.parse(device).kind == "cpu":
+            threads = threads_beside(load, torch.get_num_threads())
         options = TuneOptions(
             device=device,
             budget_s=budget_s,
+            started=started,  # loading the program counts: the budget is the command's
             backends=backend or None,
             cache_path=cache,
             threads=threads,
+            load=load,
             sizes=parse_sizes(sizes) or None,
             mode=mode,  # type: ignore[arg-type]  # checked by TuneOptions
             optimizer=optimizer,

@@ -2,13 +2,16 @@
 
 A tuning budget is only a limit if a compile that cannot finish in what is left is never
 started. Compile time is mostly fixed cost (starting a child, inductor's setup, the C++ compile
-of the wrapper: a 45-node CNN and a 461-node recommender took 19 s and 28 s here) and grows
-slowly with the graph, so the estimate scales the measured compile nearest in size by the square
-root of the node-count ratio. Measurements (including lower bounds: compiles stopped for
-overrunning) are kept per (hardware key, backend) in a JSON file next to the decision cache.
-With nothing measured yet there is no estimate and the first compile runs: an AOTInductor
-compile runs in a child process that is stopped when it overruns, so even that one cannot
-overrun the budget far.
+of kernels and wrapper: a cold AOTInductor compile of ResNet-18's 192 nodes took 45 s here, of
+EfficientNet-B0's 602 nodes about 50 s) and grows slowly with the graph, so the estimate scales
+the measured compile nearest in size by the square root of the node-count ratio. Measurements
+(including lower bounds: compiles stopped for overrunning) are kept per (hardware key, backend)
+in a JSON file next to the decision cache, as what a quiet machine would take: a run divides
+what it measured by its `slowdown` (the share of the cores other work held, `tuner.host.load`)
+and multiplies its estimates by it.
+With nothing measured yet for a backend there is no estimate, only a prior to plan with
+(`PRIORS`), and the first compile runs: an AOTInductor compile runs in a child process that is
+stopped when it overruns, so even that one cannot overrun the budget far.
 """
 
 from __future__ import annotations
@@ -19,26 +22,28 @@ import os
 import tempfile
 from pathlib import Path
 
-# torch.compile has no record of its own until it has run once; the AOTInductor rate of the
-# same hardware stands in for it (both lower through inductor).
-STAND_INS = {"compile": "inductor"}
-
-
 KEPT = 8  # measurements kept per key, newest last
 
-# Before anything is measured on a machine: an AOTInductor compile on CPU as measured on 2 cores
-# (torch 2.13; CPU time of the child, cold inductor cache): a 45-node CNN 19 s, a 244-node DLRM
-# and a 461-node recommender about 28 s, a 602-node EfficientNet-B0 31 s. Only for planning (do
-# the peers go first?), never to skip a compile: a machine twice as fast would lose its peers.
-PRIOR_FIXED_S = 15.0
-PRIOR_PER_NODE_S = 0.03
+# Before anything is measured on a machine, per backend: (fixed seconds, seconds per node), as
+# measured on this project's 2-core CPU (torch 2.13, cold inductor cache, a quiet machine).
+# AOTInductor, in a child: ResNet-18 (192 nodes) 45 s, DistilBERT (159) 45 s, zoo models of
+# 150-650 nodes 33-61 s (C++ compiles are about half, inductor's codegen most of the rest).
+# torch.compile, on its first call: transformers of 100-250 nodes 3-10 s, ResNet-18 22 s, CNNs
+# of 300-650 nodes 18-43 s. For planning (which peers go first); a compile that can be stopped
+# is skipped only where not even half the prior fits (`tuner.tuning.budget.PRIOR_SHARE`).
+PRIORS: dict[str, tuple[float, float]] = {"inductor": (40.0, 0.01), "compile": (5.0, 0.06)}
+PRIOR_OTHER = (40.0, 0.05)  # a compiling backend with no prior of its own
 
 
 class CompileTimes:
-    """Measured compiles per (hardware key, backend); `path` None keeps them in memory."""
+    """Measured compiles per (hardware key, backend); `path` None keeps them in memory.
 
-    def __init__(self, path: Path | None) -> None:
+    `slowdown` is this run's: how many times longer than on a quiet machine its compiles are
+    expected to take (1.0: quiet)."""
+
+    def __init__(self, path: Path | None, slowdown: float = 1.0) -> None:
         self.path = path
+        self.slowdown = max(slowdown, 1.0)
         self._rates: dict[str, list[list[float]]] = {}
         if path is not None and path.exists():
             try:
@@ -47,17 +52,16 @@ class CompileTimes:
                 self._rates = {}  # a corrupt file only costs an estimate
 
     @staticmethod
-    def for_cache(cache_path: Path | None) -> CompileTimes:
+    def for_cache(cache_path: Path | None, slowdown: float = 1.0) -> CompileTimes:
         """The store beside a decision cache file (same folder), or in memory without one."""
         if cache_path is None:
-            return CompileTimes(None)
-        return CompileTimes(cache_path.with_name("compile_times.json"))
+            return CompileTimes(None, slowdown)
+        return CompileTimes(cache_path.with_name("compile_times.json"), slowdown)
 
     def samples(self, hardware: str, backend: str) -> list[tuple[int, float]]:
-        for name in (backend, STAND_INS.get(backend)):
-            entry = self._rates.get(f"{hardware}::{name}") if name else None
-            if isinstance(entry, list) and entry:
-                return [(int(n), float(t)) for n, t in entry]
+        entry = self._rates.get(f"{hardware}::{backend}")
+        if isinstance(entry, list) and entry:
+            return [(int(n), float(t)) for n, t in entry]
         return []
 
     def estimate(self, hardware: str, backend: str, nodes: int) -> float | None:
@@ -65,20 +69,32 @@ class CompileTimes:
         if not measured:
             return None
         n, seconds = min(measured, key=lambda s: abs(math.log(max(s[0], 1) / max(nodes, 1))))
-        return seconds * math.sqrt(max(nodes, 1) / max(n, 1))
+        return self.slowdown * seconds * math.sqrt(max(nodes, 1) / max(n, 1))
 
     def planning_estimate(self, hardware: str, backend: str, nodes: int) -> tuple[float, bool]:
         """(seconds, measured): the estimate from this machine's compiles, else the prior."""
         measured = self.estimate(hardware, backend, nodes)
         if measured is not None:
             return measured, True
-        return PRIOR_FIXED_S + PRIOR_PER_NODE_S * nodes, False
+        fixed, per_node = PRIORS.get(backend, PRIOR_OTHER)
+        return self.slowdown * (fixed + per_node * nodes), False
 
     def record(self, hardware: str, backend: str, nodes: int, seconds: float) -> None:
-        """A compile of `nodes` nodes took `seconds` (or at least that long, if stopped)."""
+        """A compile of `nodes` nodes took `seconds` (or at least that long, if stopped), kept
+        as what it would have taken on a quiet machine."""
         key = f"{hardware}::{backend}"
-        self._rates[key] = [*self._rates.get(key, []), [nodes, seconds]][-KEPT:]
+        quiet = round(seconds / self.slowdown, 3)
+        self._rates[key] = [*self._rates.get(key, []), [nodes, quiet]][-KEPT:]
         self._save()
+
+    def record_stopped(self, hardware: str, backend: str, nodes: int, seconds: float) -> None:
+        """A compile stopped after `seconds`: a lower bound, kept only where it says more than
+        what is expected already (a compile stopped after 1 s, when 40 s were expected, says
+        nothing of its length, and kept it would let the next run start compiles that cannot
+        finish)."""
+        expected, _ = self.planning_estimate(hardware, backend, nodes)
+        if seconds > expected:
+            self.record(hardware, backend, nodes, seconds)
 
     def _save(self) -> None:
         if self.path is None:

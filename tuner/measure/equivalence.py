@@ -242,6 +242,56 @@ def _leaves(out: Any) -> list[Any]:
     return pytree.tree_flatten(out)[0]
 
 
+class ReferenceOutputs:
+    """The reference's outputs on each input set, run twice (its own run-to-run spread) and in
+    float64 where it can be, computed once; then any number of candidates are checked against
+    them (the rule in the module docstring, `ELEMENTWISE`).
+
+    A tuning run checks many candidates against one original on the same input sets; computing
+    the reference again for each (twice, plus a float64 twin several times slower) made the
+    check cost more than the candidate: a whole-model check of EfficientNet-B0 took 65 s with
+    other work on the cores. Each input set's figures are computed the first time a candidate
+    gets that far, so a candidate failing on the first set costs no more than before.
+    """
+
+    def __init__(self, reference: Callable[..., Any], inputs_list: Sequence[tuple]) -> None:
+        self.reference = reference
+        self.trials = list(inputs_list)
+        self._twin = float64_twin(reference)
+        self._expected: list[tuple[list[Any], list[Any], list[Any] | None]] = []
+
+    def _at(self, i: int) -> tuple[list[Any], list[Any], list[Any] | None]:
+        while len(self._expected) <= i:
+            inputs = self.trials[len(self._expected)]
+            first = _leaves(self.reference(*cloned(inputs)))
+            second = _leaves(self.reference(*cloned(inputs)))
+            exact: list[Any] | None = None
+            if self._twin is not None:
+                try:
+                    exact = _leaves(self._twin(*cloned(inputs)))
+                except Exception as exc:
+                    failures.fallback(exc, "the reference in float64", failures.anything)
+                    self._twin = None
+            self._expected.append((first, second, exact))
+        return self._expected[i]
+
+    def check(self, candidate: Callable[..., Any]) -> str | None:
+        """None when the candidate's outputs match on every input set; else the first
+        difference."""
+        with torch.inference_mode():
+            for i, inputs in enumerate(self.trials):
+                first, second, exact = self._at(i)
+                try:
+                    got = _leaves(candidate(*cloned(inputs)))
+                except Exception as exc:
+                    reason = failures.fallback(exc, "an output check: the candidate's run").reason
+                    return f"input set {i}: the candidate raised {reason}"
+                reason = outputs_mismatch(first, second, exact, got)
+                if reason is not None:
+                    return f"input set {i}, {reason}"
+        return None
+
+
 def check_outputs(
     reference: Callable[..., Any],
     candidate: Callable[..., Any],
@@ -249,27 +299,7 @@ def check_outputs(
 ) -> str | None:
     """None when the candidate's outputs match the reference's on every input set (the rule in
     the module docstring, `ELEMENTWISE`); else the first difference."""
-    twin = float64_twin(reference)
-    with torch.inference_mode():
-        for i, inputs in enumerate(inputs_list):
-            first = _leaves(reference(*cloned(inputs)))
-            second = _leaves(reference(*cloned(inputs)))
-            try:
-                got = _leaves(candidate(*cloned(inputs)))
-            except Exception as exc:
-                reason = failures.fallback(exc, "an output check: the candidate's run").reason
-                return f"input set {i}: the candidate raised {reason}"
-            exact: list[Any] | None = None
-            if twin is not None:
-                try:
-                    exact = _leaves(twin(*cloned(inputs)))
-                except Exception as exc:
-                    failures.fallback(exc, "the reference in float64", failures.anything)
-                    twin = None
-            reason = outputs_mismatch(first, second, exact, got)
-            if reason is not None:
-                return f"input set {i}, {reason}"
-    return None
+    return ReferenceOutputs(reference, inputs_list).check(candidate)
 
 
 # ---------------------------------------------------------------------------- figures

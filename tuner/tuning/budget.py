@@ -25,6 +25,11 @@ MIN_TIMING_S = 2.0
 # Model calls a candidate's output check makes (3 input sets: the reference twice, the
 # candidate, the float64 reference at several times the cost), before any timing.
 CHECK_CALLS = 20
+# With nothing measured, a compile is started if this share of the prior fits (a machine twice
+# as fast as the one the prior was measured on would still build its peers).
+PRIOR_SHARE = 0.5
+# Other work holding this share of the cores is said in the report (`tuner.host.load`).
+BUSY_SHARE = 0.25
 # Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation).
 STOPPABLE = ("inductor",)
 
@@ -65,26 +70,48 @@ class Budget:
             f"and {left:.0f} s of the time budget are left"
         )
 
+    def build_timeout(self, left: float) -> float:
+        """Seconds a build may take: what is left once its outputs are checked and timed."""
+        return max(left - self._check_s(), 1.0)
+
     def compile_wont_fit(self, cand: Candidate, left: float) -> str | None:
         """Why a compile is not started (its estimate exceeds what is left), or None."""
         if cand.backend not in backends.COMPILING:
             return None
         estimate = self.kind.compile_estimate(cand)
-        if estimate is None or estimate <= left - MIN_TIMING_S:
-            return None
         nodes = self._nodes(cand)
+        if estimate is None:
+            run = self.run
+            prior, _ = run.compile_times.planning_estimate(run.hardware_key, cand.backend, nodes)
+            if PRIOR_SHARE * prior <= left - MIN_TIMING_S:
+                return None
+            return (
+                f"skipped: nothing measured here yet, {self.kind.compiling} is expected to take "
+                f"about {prior:.0f} s ({nodes} nodes) and {left:.0f} s of the time budget are left"
+            )
+        if estimate <= left - MIN_TIMING_S:
+            return None
         return (
             f"skipped: {self.kind.compiling} is estimated at {estimate:.0f} s ({nodes} nodes) "
             f"and {left:.0f} s of the time budget are left"
         )
 
-    def peers_fit(self, peers: list[Candidate], say: Progress) -> bool:
-        """Whether the peers go first: say before starting what their compiles are expected to
-        cost (this machine's history, else a prior) and, where even the quickest is not expected
-        to fit, the budget it would need. Nothing slower than what is measured ships either way.
-        """
+    def plan_peers(
+        self, peers: list[Candidate], say: Progress
+    ) -> tuple[list[Candidate], list[Candidate]]:
+        """(first, last): the peers built and timed before the site search, quickest first,
+        as long as their compiles are expected to fit together; the rest after it, with what
+        is left. Says before starting what each compile is expected to cost (this machine's
+        history, else a prior, scaled by the load) and, where no peer is expected to fit, the
+        budget it would need. Nothing slower than what is measured ships either way."""
         run = self.run
         left = run.remaining()
+        if run.load.busy_share >= BUSY_SHARE:
+            run.peer_notes.append(
+                f"{run.load.describe()}: tuning on {run.hardware['threads']} of "
+                f"{run.load.cores} threads, compiles are expected to take "
+                f"{run.load.slowdown:.1f}x as long as on a quiet machine, and timings are noisier"
+            )
         estimates: dict[str, float] = {}
         for cand in peers:
             if cand.backend not in backends.COMPILING:
@@ -96,12 +123,28 @@ class Budget:
             source = "from this machine's compiles" if measured else "nothing measured here yet"
             note = f"{cand.backend}: compile estimated at {estimate:.0f} s ({source})"
             run.peer_notes.append(note)
-        fits = not estimates or min(estimates.values()) + self._check_s() <= left
-        if fits:
+        first: list[Candidate] = []
+        last: list[Candidate] = []
+        spent = 0.0
+        for cand in sorted(peers, key=lambda c: estimates.get(c.backend, 0.0)):
+            cost = estimates.get(cand.backend, 0.0) + self._check_s()
+            if spent + cost <= left:
+                first.append(cand)
+                spent += cost
+            else:
+                last.append(cand)
+        if first and last:
+            names = ", ".join(c.backend for c in last)
+            run.peer_notes.append(
+                f"{', '.join(c.backend for c in first)} first, with the {left:.0f} s left for "
+                f"tuning; {names} after the passes, with what is left"
+            )
+        elif first:
             run.peer_notes.append(f"the peers go first, with the {left:.0f} s left for tuning")
-        else:
+        elif last:
             quickest = min(estimates, key=estimates.__getitem__)
-            needed = (estimates[quickest] + self._check_s()) / (1 - FINISH_SHARE)
+            used = run.options.budget_s * (1 - FINISH_SHARE) - left
+            needed = (used + estimates[quickest] + self._check_s()) / (1 - FINISH_SHARE)
             run.peer_notes.append(
                 f"no peer is expected to fit: {quickest} needs about {estimates[quickest]:.0f} s "
                 f"and {left:.0f} s are left for tuning; a budget of about {needed:.0f} s would "
@@ -109,8 +152,8 @@ class Budget:
             )
         for note in run.peer_notes:
             say(0.05, f"peers: {note}")
-        run.peers_late = not fits
-        return fits
+        run.peers_late = bool(last) and not first
+        return first, last
 
     def affordable_stand_in(self, blind: list[Candidate], say: Progress) -> list[Candidate]:
         """When no peer is expected to fit: the quickest compiled candidate that is, among
@@ -141,10 +184,15 @@ class Budget:
         say(0.05, f"peers: {note}")
         return [cand]
 
-    def search_deadline(self, early: list[Candidate], figures: list[Figures]) -> float:
-        """When the site search stops: half of what the early candidates left, and never so
-        late that the passes cannot be built under the fastest one's backend (its compile,
-        measured just now, plus checking and timing it)."""
+    def search_deadline(
+        self, early: list[Candidate], figures: list[Figures], building_s: float = 0.0
+    ) -> float:
+        """When the site search stops: half of what the early candidates left, never so late
+        that no candidate can be checked and timed after it, nor so late that the passes
+        cannot be built under the fastest one's backend (its compile, measured just now, plus
+        checking and timing it) unless that cannot fit anyway. `building_s`: what applying
+        every pass took, if measured; the candidates after the search apply passes twice (the
+        searched ones and every one)."""
         run = self.run
         left = max(run.remaining(), 0.0)
         faster = [
@@ -153,9 +201,13 @@ class Budget:
             if f.verdict == Verdict.FASTER
         ]
         best = max(faster, key=lambda sc: sc[0])[1] if faster else None
-        reserve = 0.5 * left
+        # At least one candidate after the search is checked and timed (eager needs no build).
+        after = 2 * building_s + self._check_s() + run.options.whole_model_budget_s
+        reserve = max(0.5 * left, after)
         if best is not None and best.backend in backends.COMPILING:
             nodes = self._nodes(best)
             estimate = run.compile_times.estimate(run.hardware_key, best.backend, nodes) or 0.0
-            reserve = max(reserve, estimate + self._check_s() + run.options.whole_model_budget_s)
+            needed = estimate + after
+            if needed <= left:
+                reserve = max(reserve, needed)
         return time.monotonic() + max(left - reserve, 0.0)

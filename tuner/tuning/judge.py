@@ -63,7 +63,7 @@ class Judge:
         if skip is not None:
             return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=skip)
         try:
-            built = self.kind.build(cand, left)
+            built = self.kind.build(cand, self.budget.build_timeout(left))
         except CompileOverrun as exc:
             failures.fallback(exc, f"building candidate {cand.name}")
             return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=str(exc))

@@ -10,6 +10,7 @@ from tuner.contract.config import Mode
 from tuner.contract.device import CPU, Device
 from tuner.contract.errors import InputError
 from tuner.contract.training import OPTIMIZER_NAMES
+from tuner.host.load import CoreLoad
 
 # The options that only some modes take, and those modes (the rest apply to every mode).
 MODE_ONLY: dict[str, tuple[Mode, ...]] = {"optimizer": ("train",)}
@@ -19,6 +20,9 @@ MODE_ONLY: dict[str, tuple[Mode, ...]] = {"optimizer": ("train",)}
 class TuneOptions:
     device: Device | str = CPU  # parsed in __post_init__: the run sees only a Device
     budget_s: float = 120.0
+    # time.monotonic() when the budget began (the command's start: `tuner.host.clock`), so
+    # that loading the program counts; None: when tuning starts.
+    started: float | None = None
     epsilon: float = 0.02
     backends: list[str] | None = None  # default: every backend available for the device
     passes: list[str] | None = None  # default: every registered pass
@@ -27,6 +31,9 @@ class TuneOptions:
     # CPU threads for the whole run (and the hardware key). On a shared machine fewer threads
     # than cores keeps other processes from stalling multi-threaded kernels mid-measurement.
     threads: int | None = None
+    # Other work on the cores, which scales compile estimates; None: sampled as the run
+    # starts (`tuner.host.load`). Given, it makes a run's plan independent of the machine.
+    load: CoreLoad | None = None
     whole_model_budget_s: float = 6.0
     site_budget_s: float = 1.5
     # Sizes to tune a dynamic program at, per dynamic dim ({"batch": [1, 32, 512]}); None:

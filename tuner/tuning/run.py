@@ -25,6 +25,7 @@ from tuner.graph.capture import Inputs
 from tuner.graph.shapes import ShapeSpec
 from tuner.graph.sizes import SizePoint
 from tuner.host.hardware import describe, hardware_key
+from tuner.host.load import CoreLoad, sample_load
 from tuner.measure.timing import require_timing
 from tuner.passes.apply import Transformed
 from tuner.search.decisions import DecisionCache, open_decision_cache
@@ -73,6 +74,7 @@ class TuningRun:
     compile_times: CompileTimes
     workdir: Path  # where compiled packages go (`tuning_session`)
     isolate: bool  # build compiled candidates in a child first (`TuneOptions.isolate_compiles`)
+    load: CoreLoad  # other work on the cores as the run began (`tuner.host.load`)
     started: float = field(default_factory=time.monotonic)
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     timed: int = 0  # comparisons made, sites and whole-model candidates together
@@ -90,15 +92,17 @@ class TuningRun:
             raise ValueError("Tuner needs a work folder: open a tuning_session(options) first")
         hardware = describe(device)
         isolate = options.isolate_compiles
+        load = options.load or sample_load()
         return cls(
             options=options,
             device=device,
             hardware=hardware,
             hardware_key=hardware_key(hardware),
             cache=open_decision_cache(options.cache_path),
-            compile_times=CompileTimes.for_cache(options.cache_path),
+            compile_times=CompileTimes.for_cache(options.cache_path, load.slowdown),
             workdir=options.workdir,
             isolate=device.kind == "cuda" if isolate is None else isolate,
+            load=load,
         )
 
     def remaining(self) -> float:

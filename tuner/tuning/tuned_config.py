@@ -3,6 +3,7 @@ every decision and figure behind it, and how the run spent its budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from tuner.contract.config import Figures, Mode, TunedConfig
@@ -34,6 +35,8 @@ def tuned_config(
         tuning={
             "seconds": round(time.monotonic() - run.started, 2),
             "budget_s": run.options.budget_s,
+            # Other work on the cores as the run began; compile estimates were scaled by it.
+            "load": {**dataclasses.asdict(run.load), "slowdown": round(run.load.slowdown, 2)},
             "timed_candidates": run.timed,
             "cache_hits": run.cache.hits,
             # Why stored decisions were not used (`tuner.search.decisions`); empty: all were.

@@ -117,7 +117,7 @@ class Tuner:
 
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         run, kind, say = self.run, self.kind, progress or _silent
-        run.started = time.monotonic()
+        run.started = run.options.started or time.monotonic()
         # The fingerprint of the program as exported (deployments compute it on theirs), then
         # the program itself on the device: torch.export's pass also moves devices baked into
         # the graph, where `module.to()` would leave them on the CPU. The caller's program moves.
@@ -141,32 +141,33 @@ class Tuner:
     def _search_and_judge(
         self, captured: Captured, say: Progress
     ) -> tuple[SearchResult, list[Candidate], list[Figures]]:
-        """The peers are the floor, so they are built and timed first, with the whole budget;
-        unless even the quickest is not expected to fit: then the passes go first (eager needs
-        no compile) and the peers get what is left, and the report says so. Then the site
-        search, and the candidates it makes, in the order they are judged."""
+        """The peers are the floor, so they are built and timed first, quickest first, as
+        many as are expected to fit; one that is not goes after the passes, with what is left.
+        Where no peer is expected to fit, the passes go first (eager needs no compile), with
+        the quickest compiled every-pass candidate that fits, and the report says so. Then the
+        site search, and the candidates it makes, in the order they are judged."""
         kind, gm0, inputs = self.kind, captured.gm, captured.inputs
         peers = [c for c in kind.candidates(gm0, inputs, [], []) if not c.passes]
         peers = [c for c in peers if c.backend != "eager"]
-        first = self.budget.peers_fit(peers, say)
-        if first:
-            early = peers
-        else:
+        first, last = self.budget.plan_peers(peers, say)
+        early, building_s = first, 0.0
+        if not first:
+            began = time.monotonic()
             blind = kind.candidates(gm0, inputs, [], kind.passes())
+            building_s = time.monotonic() - began  # applying every pass, as after the search
             early = self.budget.affordable_stand_in(blind, say)
         figures = self.judge.all(captured, early, say, (0.05, 0.3))
-        search = self._search(captured, say, self.budget.search_deadline(early, figures))
+        deadline = self.budget.search_deadline(early, figures, building_s)
+        search = self._search(captured, say, deadline)
         known = {identity(c) for c in peers + early}
         rest = kind.candidates(gm0, inputs, search.steps, kind.passes())
         rest = [c for c in rest if identity(c) not in known]
         points, wanted = self.run.points, self.run.backends()
         decisions, have = search.decisions, peers + early + rest
         rest += size_candidates(gm0, inputs, captured.spec, points, decisions, wanted, have)
-        figures += self.judge.all(captured, rest, say, (0.6, 0.85))
-        if first:
-            return search, peers + rest, figures
-        figures += self.judge.all(captured, peers, say, (0.8, 0.85))
-        return search, early + rest + peers, figures
+        figures += self.judge.all(captured, rest, say, (0.6, 0.8))
+        figures += self.judge.all(captured, last, say, (0.8, 0.85))
+        return search, early + rest + last, figures
 
     def _search(self, captured: Captured, say: Progress, deadline: float) -> SearchResult:
         run = self.run

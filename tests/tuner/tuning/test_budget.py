@@ -8,6 +8,8 @@ The promise: a tuning run (`fxtune tune`, outputs and profiles included) ends wi
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import os
 import time
 from pathlib import Path
 
@@ -38,8 +40,78 @@ def test_compile_times_estimate_from_what_was_measured(tmp_path: Path) -> None:
     again = CompileTimes.for_cache(tmp_path / "decisions.json")  # kept beside the cache
     assert again.estimate("hw", "inductor", 100) == pytest.approx(20.0)
     assert again.estimate("hw", "inductor", 1600) == pytest.approx(60.0)  # nearest: 400 nodes
-    assert again.estimate("hw", "compile", 400) == pytest.approx(30.0)  # inductor stands in
+    assert again.estimate("hw", "compile", 400) is None  # torch.compile keeps its own
+    assert again.planning_estimate("hw", "compile", 400) == (pytest.approx(29.0), False)
     assert again.estimate("other hw", "inductor", 100) is None
+
+
+def test_compile_times_are_kept_as_a_quiet_machine_would_take_them(tmp_path: Path) -> None:
+    """Measured with other work on the cores (slowdown 2), a compile counts half for later runs,
+    and a loaded run expects its compiles, the prior's too, to take twice as long."""
+    loaded = CompileTimes.for_cache(tmp_path / "d.json", slowdown=2.0)
+    loaded.record("hw", "inductor", nodes=100, seconds=40.0)
+    quiet = CompileTimes.for_cache(tmp_path / "d.json")
+    assert quiet.estimate("hw", "inductor", 100) == pytest.approx(20.0)
+    assert loaded.estimate("hw", "inductor", 100) == pytest.approx(40.0)
+    prior, measured = quiet.planning_estimate("other hw", "inductor", 100)
+    assert not measured
+    assert loaded.planning_estimate("other hw", "inductor", 100)[0] == pytest.approx(2 * prior)
+
+
+def test_the_budget_counts_from_when_the_caller_started(tmp_path: Path) -> None:
+    """`fxtune tune` starts the clock before loading the program: a run told that 9 of its
+    10 s went to loading starts nothing, and its report says what load it saw."""
+    program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
+    options = TuneOptions(
+        budget_s=10, started=time.monotonic() - 9.0, backends=["eager"], cache_path=None
+    )
+    started = time.monotonic()
+    outcome = tune_program(program, options)
+    assert time.monotonic() - started < 5.0
+    tuning = outcome.config.tuning
+    assert tuning["seconds"] >= 9.0
+    assert all(f.verdict == "not measured" for f in outcome.config.candidates)
+    assert outcome.config.whole_model.name == "original"
+    assert set(tuning["load"]) == {"cores", "busy", "slowdown"}
+    assert tuning["load"]["slowdown"] >= 1.0
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
+def test_fxtune_tune_beside_busy_cores_tunes_on_the_cores_left_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """Every core busy with other work: `fxtune tune` (no --threads) tunes on one thread, so
+    no kernel waits for a descheduled thread, and the report says what it saw."""
+    program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
+    torch.export.save(program, tmp_path / "m.pt2")
+    out = tmp_path / "out"
+    args = ["tune", str(tmp_path / "m.pt2"), "--out", str(out / "t.pt2")]
+    args += ["--report", str(out / "r.json"), "--budget-s", "8", "--backend", "eager"]
+    args += ["--cache", str(tmp_path / "c.json"), "--no-profile"]
+    cores = len(os.sched_getaffinity(0))
+    spinners = [mp.get_context("fork").Process(target=_spin, args=(60.0,)) for _ in range(cores)]
+    for p in spinners:
+        p.start()
+    try:
+        time.sleep(0.3)
+        result = CliRunner().invoke(app, args)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.join()
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "r.json").read_text())["config"]
+    assert config["hardware"]["threads"] == 1
+    assert config["tuning"]["load"]["busy"] >= 0.7 * cores
+    notes = " ".join(config["tuning"]["peers"])
+    assert f"cores busy with other work: tuning on 1 of {cores} threads" in notes, notes
 
 
 @pytest.mark.serial
@@ -57,7 +129,8 @@ def test_a_compile_estimated_not_to_fit_is_skipped(tmp_path: Path) -> None:
     cache = tmp_path / "decisions.json"
     with fixed_threads(None):
         key = hardware_key(describe(Device.parse("cpu")))
-    CompileTimes.for_cache(cache).record(key, "inductor", nodes=1, seconds=1000.0)
+    for backend in ("inductor", "compile"):
+        CompileTimes.for_cache(cache).record(key, backend, nodes=1, seconds=1000.0)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(budget_s=20, backends=["inductor", "compile"], cache_path=cache)
     outcome = tune_program(program, options)

@@ -105,6 +105,7 @@ def test_the_kinds_differ_in_passes_baseline_and_profiled_step(tmp_path: Path) -
 def test_each_kind_estimates_its_own_compiles_and_the_budget_says_so(tmp_path: Path) -> None:
     """A forward compile and a training-step compile are kept apart in the store, and only the
     forward's prior stops an unstoppable compile once the peers were not expected to fit."""
+    from tuner.host.load import CoreLoad
     from tuner.passes.apply import Transformed
     from tuner.tuning.candidates import Candidate
     from tuner.tuning.train import COMPILE_KEY
@@ -113,20 +114,22 @@ def test_each_kind_estimates_its_own_compiles_and_the_budget_says_so(tmp_path: P
     gm = torch.fx.symbolic_trace(Net())
     cand = Candidate("compile", "compile", [], Transformed(gm, (torch.randn(4, 8),)))
     nodes = len(gm.graph.nodes)
-    infer = Tuner(TuneOptions(cache_path=cache, workdir=tmp_path))
-    train = Tuner(TuneOptions(mode="train", cache_path=cache, workdir=tmp_path))
+    quiet = CoreLoad(2)  # the priors as they are, whatever else the cores are doing
+    infer = Tuner(TuneOptions(cache_path=cache, workdir=tmp_path, load=quiet))
+    train = Tuner(TuneOptions(mode="train", cache_path=cache, workdir=tmp_path, load=quiet))
     assert infer.budget.compile_wont_fit(cand, 5.0) is None  # nothing known: it is started
     assert train.budget.compile_wont_fit(cand, 5.0) is None
     infer.run.peers_late = train.run.peers_late = True
-    late = infer.budget.compile_wont_fit(cand, 5.0)  # the prior (15 s and more) says no
+    late = infer.budget.compile_wont_fit(cand, 5.0)  # the prior (5 s and more) says no
     assert late is not None and late.startswith("skipped: compiling is estimated at")
-    assert train.budget.compile_wont_fit(cand, 5.0) is None
+    assert train.budget.compile_wont_fit(cand, 5.0) is None  # half the prior fits
+    assert train.budget.compile_wont_fit(cand, 3.0) is not None  # not even half of it does
     train.run.compile_times.record(train.run.hardware_key, COMPILE_KEY, nodes, 30.0)
     slow = train.budget.compile_wont_fit(cand, 20.0)
     assert slow is not None and "compiling the training step is estimated at 30 s" in slow
     assert train.budget.compile_wont_fit(cand, 40.0) is None  # the control: it fits
     # A forward run on the same store (read afresh) does not take the training compile as its.
-    again = Tuner(TuneOptions(cache_path=cache, workdir=tmp_path))
+    again = Tuner(TuneOptions(cache_path=cache, workdir=tmp_path, load=quiet))
     assert again.run.compile_times.samples(again.run.hardware_key, COMPILE_KEY)
     assert again.budget.compile_wont_fit(cand, 20.0) is None
     eager = Candidate("eager", "eager", [], cand.transformed)

@@ -1,0 +1,59 @@
+"""The load sample behind compile estimates: other work on the cores, read from /proc/stat."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.host import load
+from tuner.host.load import CoreLoad, sample_load, threads_beside
+
+
+def test_slowdown_is_the_fair_share_of_the_cores() -> None:
+    assert CoreLoad(2).slowdown == 1.0
+    assert CoreLoad(2, busy=2.0).slowdown == pytest.approx(2.0)
+    assert CoreLoad(4, busy=1.0).slowdown == pytest.approx(1.25)
+    assert CoreLoad(2, busy=1.0).describe() == "1.0 of 2 cores busy with other work"
+
+
+def test_an_unreadable_proc_stat_reads_as_a_quiet_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(load, "STAT", tmp_path / "missing")
+    assert sample_load(0.01) == CoreLoad(len(os.sched_getaffinity(0)))
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
+def test_busy_processes_on_every_core_are_seen() -> None:
+    cores = len(os.sched_getaffinity(0))
+    procs = [mp.get_context("fork").Process(target=_spin, args=(10.0,)) for _ in range(cores)]
+    for p in procs:
+        p.start()
+    try:
+        time.sleep(0.3)
+        seen = sample_load(0.5)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+    assert seen.busy >= 0.7 * cores, seen
+    assert seen.slowdown >= 1.7, seen
+
+
+def test_threads_beside_other_work_leave_it_its_cores() -> None:
+    assert threads_beside(CoreLoad(2), wanted=2) == 2
+    assert threads_beside(CoreLoad(2, busy=0.3), wanted=2) == 2  # a little noise keeps both
+    assert threads_beside(CoreLoad(2, busy=1.0), wanted=2) == 1
+    assert threads_beside(CoreLoad(2, busy=2.0), wanted=2) == 1  # never none
+    assert threads_beside(CoreLoad(8, busy=3.0), wanted=8) == 5
+    assert threads_beside(CoreLoad(8), wanted=4) == 4  # never more than asked
