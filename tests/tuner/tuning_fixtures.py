@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -232,3 +235,26 @@ class TwoChainNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.mm(x, torch.mm(self.w, self.w)) + torch.mm(torch.mm(x, self.u), self.v)
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@contextmanager
+def busy_cores(seconds: float = 60.0) -> Iterator[int]:
+    """Other work on every core this process may use (one spinning process each), stopped on
+    exit; yields the core count. A moment passes first so the spinners are running."""
+    cores = len(os.sched_getaffinity(0))
+    spinners = [mp.get_context("fork").Process(target=_spin, args=(seconds,)) for _ in range(cores)]
+    for p in spinners:
+        p.start()
+    try:
+        time.sleep(0.3)
+        yield cores
+    finally:
+        for p in spinners:
+            p.kill()
+            p.join()

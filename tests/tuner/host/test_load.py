@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.tuner.tuning_fixtures import busy_cores
 from tuner.host import load
 from tuner.host.load import CoreLoad, sample_load, threads_beside
 
@@ -27,25 +26,11 @@ def test_an_unreadable_proc_stat_reads_as_a_quiet_machine(
     assert sample_load(0.01) == CoreLoad(len(os.sched_getaffinity(0)))
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
-
-
+@pytest.mark.serial  # it loads every core
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
 def test_busy_processes_on_every_core_are_seen() -> None:
-    cores = len(os.sched_getaffinity(0))
-    procs = [mp.get_context("fork").Process(target=_spin, args=(10.0,)) for _ in range(cores)]
-    for p in procs:
-        p.start()
-    try:
-        time.sleep(0.3)
+    with busy_cores(10.0) as cores:
         seen = sample_load(0.5)
-    finally:
-        for p in procs:
-            p.kill()
-            p.join()
     assert seen.busy >= 0.7 * cores, seen
     assert seen.slowdown >= 1.7, seen
 

@@ -8,8 +8,6 @@ The promise: a tuning run (`fxtune tune`, outputs and profiles included) ends wi
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import os
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from typer.testing import CliRunner
 from examples.build import build
 from examples.models import EXAMPLES, recsys
 from fxtune_cli import app
-from tests.tuner.tuning_fixtures import SplitNormTanh, WrongRelu, registered
+from tests.tuner.tuning_fixtures import SplitNormTanh, WrongRelu, busy_cores, registered
 from tuner.backends.compile_time import CompileTimes
 from tuner.backends.isolation import CompileOverrun, compile_aoti_in_child
 from tuner.contract.device import Device
@@ -76,12 +74,6 @@ def test_the_budget_counts_from_when_the_caller_started(tmp_path: Path) -> None:
     assert tuning["load"]["slowdown"] >= 1.0
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
-
-
 @pytest.mark.serial
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
 def test_fxtune_tune_beside_busy_cores_tunes_on_the_cores_left_and_says_so(
@@ -95,17 +87,8 @@ def test_fxtune_tune_beside_busy_cores_tunes_on_the_cores_left_and_says_so(
     args = ["tune", str(tmp_path / "m.pt2"), "--out", str(out / "t.pt2")]
     args += ["--report", str(out / "r.json"), "--budget-s", "8", "--backend", "eager"]
     args += ["--cache", str(tmp_path / "c.json"), "--no-profile"]
-    cores = len(os.sched_getaffinity(0))
-    spinners = [mp.get_context("fork").Process(target=_spin, args=(60.0,)) for _ in range(cores)]
-    for p in spinners:
-        p.start()
-    try:
-        time.sleep(0.3)
+    with busy_cores() as cores:
         result = CliRunner().invoke(app, args)
-    finally:
-        for p in spinners:
-            p.kill()
-            p.join()
     assert result.exit_code == 0, result.output
     config = json.loads((out / "r.json").read_text())["config"]
     assert config["hardware"]["threads"] == 1
