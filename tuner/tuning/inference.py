@@ -30,7 +30,6 @@ from tuner.measure.inputs import fresh_inputs
 from tuner.passes import pass_names
 from tuner.passes.apply import Transformed, apply_steps
 from tuner.search.site_search import FORWARD, Progress, SiteRun
-from tuner.tuning.budget import STOPPABLE
 from tuner.tuning.candidates import Candidate, steps_from_sites
 from tuner.tuning.run import Captured, TuningRun, Verified
 from tuner.tuning.verify import verify_forward
@@ -81,12 +80,7 @@ class InferenceStep:
     def compile_estimate(self, cand: Candidate) -> float | None:
         run = self.run
         nodes = len(cand.transformed.gm.graph.nodes)
-        estimate = run.compile_times.estimate(run.hardware_key, cand.backend, nodes)
-        if estimate is None and run.peers_late and cand.backend not in STOPPABLE:
-            # Nothing measured, and the prior already said the peers will not fit: a compile
-            # in this process cannot be stopped, so it is not started on that prospect.
-            estimate, _ = run.compile_times.planning_estimate(run.hardware_key, cand.backend, nodes)
-        return estimate
+        return run.compile_times.estimate(run.hardware_key, cand.backend, nodes)
 
     def build(self, cand: Candidate, left: float) -> backends.Built:
         """Build the runner; an AOTInductor compile runs in a child stopped after `left` s.

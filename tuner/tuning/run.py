@@ -82,7 +82,6 @@ class TuningRun:
     model_time_s: float | None = None  # the original's seconds per call (CPU)
     peer_notes: list[str] = field(default_factory=list)  # what the peers were expected to cost
     candidates: list[Candidate] = field(default_factory=list)  # every one judged, once judged
-    peers_late: bool = False  # the peers were not expected to fit, so they go last
 
     @classmethod
     def open(cls, options: TuneOptions) -> TuningRun:
