@@ -132,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 
     exit_on_signals()  # SIGTERM unwinds the `with` blocks below: the service is stopped, not left
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=20, help="tuning budget per model")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=30,
+        help="tuning budget per model (the tuning command's wall time, loading included)",
+    )
     parser.add_argument("--keep-serving", action="store_true", help="leave the service up")
     args = parser.parse_args(argv)
     from examples.build import build_all
