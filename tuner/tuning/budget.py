@@ -215,13 +215,14 @@ class Budget:
             if f.verdict == Verdict.FASTER
         ]
         best = max(faster, key=lambda sc: sc[0])[1] if faster else None
-        # At least one candidate after the search is checked and timed (eager needs no build).
-        after = 2 * building_s + self._check_s() + run.options.whole_model_budget_s
+        # At least one candidate after the search is built, checked and timed (eager needs no
+        # compile; `_check_s` includes the least timing worth starting).
+        after = 2 * building_s + self._check_s()
         reserve = max(0.5 * left, after)
         if best is not None and best.backend in backends.COMPILING:
             nodes = self._nodes(best)
             estimate = run.compile_times.estimate(run.hardware_key, best.backend, nodes) or 0.0
-            needed = estimate + after
+            needed = estimate + after + run.options.whole_model_budget_s
             if needed <= left:
                 reserve = max(reserve, needed)
         return time.monotonic() + max(left - reserve, 0.0)

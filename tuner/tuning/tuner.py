@@ -151,7 +151,7 @@ class Tuner:
         peers = [c for c in peers if c.backend != "eager"]
         first, last = self.budget.plan_peers(peers, say)
         early, building_s = first, 0.0
-        if not first:
+        if last and not first:
             began = time.monotonic()
             blind = kind.candidates(gm0, inputs, [], kind.passes())
             building_s = time.monotonic() - began  # applying every pass, as after the search
