@@ -29,8 +29,8 @@ KEPT = 8  # measurements kept per key, newest last
 # AOTInductor, in a child: ResNet-18 (192 nodes) 45 s, DistilBERT (159) 45 s, zoo models of
 # 150-650 nodes 33-61 s (C++ compiles are about half, inductor's codegen most of the rest).
 # torch.compile, on its first call: transformers of 100-250 nodes 3-10 s, ResNet-18 22 s, CNNs
-# of 300-650 nodes 18-43 s. For planning (which peers go first); a compile that can be stopped
-# is skipped only where not even half the prior fits (`tuner.tuning.budget.PRIOR_SHARE`).
+# of 300-650 nodes 18-43 s. How a run plans with them, and when it starts a compile on a prior's
+# word, is `tuner.tuning.budget`'s (`IN_PROCESS_MARGIN`, `STOPPABLE_SHARE`).
 PRIORS: dict[str, tuple[float, float]] = {"inductor": (40.0, 0.01), "compile": (5.0, 0.06)}
 PRIOR_OTHER = (40.0, 0.05)  # a compiling backend with no prior of its own
 

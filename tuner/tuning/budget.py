@@ -158,12 +158,12 @@ class Budget:
             )
         elif first:
             run.peer_notes.append(f"the peers go first, with the {left:.0f} s left for tuning")
-        elif last:
-            quickest = min(estimates, key=estimates.__getitem__)
+        elif planned:  # none fits: the quickest compile says what budget would
+            quickest = min(planned, key=planned.__getitem__)
             used = run.options.budget_s * (1 - FINISH_SHARE) - left
-            needed = (used + estimates[quickest] + self._check_s()) / (1 - FINISH_SHARE)
+            needed = (used + planned[quickest] + self._check_s()) / (1 - FINISH_SHARE)
             run.peer_notes.append(
-                f"no peer is expected to fit: {quickest} needs about {estimates[quickest]:.0f} s "
+                f"no peer is expected to fit: {quickest} needs about {planned[quickest]:.0f} s "
                 f"and {left:.0f} s are left for tuning; a budget of about {needed:.0f} s would "
                 "build and time it. The passes go first and the peers get what is left"
             )

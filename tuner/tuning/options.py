@@ -20,8 +20,8 @@ MODE_ONLY: dict[str, tuple[Mode, ...]] = {"optimizer": ("train",)}
 class TuneOptions:
     device: Device | str = CPU  # parsed in __post_init__: the run sees only a Device
     budget_s: float = 120.0
-    # time.monotonic() when the budget began (the command's start: `tuner.host.clock`), so
-    # that loading the program counts; None: when tuning starts.
+    # time.monotonic() when the budget began (`fxtune tune` gives its own start, so that
+    # loading the program counts); None: when tuning starts.
     started: float | None = None
     epsilon: float = 0.02
     backends: list[str] | None = None  # default: every backend available for the device
