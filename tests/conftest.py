@@ -10,6 +10,12 @@ a backend, the loader or the search raises instead of becoming a "failed to run"
 bug fails its test. It is set here, before anything reads it, and the children the tests start
 inherit it (`tuner.host.child_env` lets it through). A test that provokes a fallback on purpose
 asks for `allow_fallbacks` and says which fallback it exercises.
+
+In-process services start no warm checkers (FXTUNE_WARM_CHECKERS=0): each is a sandboxed child
+that imports torch (about 5 s of CPU) as the app starts, and most service tests never upload, so
+on 2 cores they cost the suite minutes. Checks run in a cold child instead, the same code; the
+tests of the warm pool ask for one (tests/service/test_warm_*.py), and the services the
+end-to-end tests start as subprocesses keep the shipped default (`fxtune_env` drops FXTUNE_*).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from tests import parallel
 from tuner.host import failures
 
 os.environ[failures.STRICT_ENV] = "1"
+os.environ["FXTUNE_WARM_CHECKERS"] = "0"
 
 
 @dataclass

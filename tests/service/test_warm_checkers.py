@@ -105,6 +105,7 @@ def test_fxtune_warm_checkers_sets_the_pool_and_0_turns_it_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FXTUNE_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("FXTUNE_WARM_CHECKERS")  # the suite turns them off (tests/conftest.py)
     default = program_analysis(Settings())
     assert default.pool is not None and default.pool.size == 1
     monkeypatch.setenv("FXTUNE_WARM_CHECKERS", "3")

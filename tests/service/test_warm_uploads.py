@@ -27,13 +27,15 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any
         mp.setenv("PYTHONPATH", str(REPO))  # the children run this checkout's checks
         root = tmp_path_factory.mktemp("warm")
         db = f"sqlite:///{root / 'db.sqlite'}"
-        with thread_server(Settings(data_dir=root / "data", database_url=db)) as live:
+        with thread_server(
+            Settings(data_dir=root / "data", database_url=db, warm_checkers=1)
+        ) as live:
             yield live
 
 
 def analysis_of(app: Any) -> ProgramAnalysis:
     analysis: ProgramAnalysis = app.state.analysis
-    assert analysis.pool is not None, "FXTUNE_WARM_CHECKERS defaults to 1"
+    assert analysis.pool is not None, "the service was started with one warm checker"
     assert analysis.pool.wait_ready(READY_S), "the warm checker did not get ready"
     return analysis
 
