@@ -86,6 +86,14 @@ class Budget:
             return estimate
         return IN_PROCESS_MARGIN * estimate
 
+    def runoff_s(self, left: float) -> float | None:
+        """Seconds for a head-to-head between two tied candidates (`Judge.runoff`), leaving
+        twice a check for verifying what ships; None where the least timing does not fit."""
+        spare = left - 2 * self._check_s()
+        if spare < MIN_TIMING_S:
+            return None
+        return min(self.run.options.whole_model_budget_s, spare)
+
     def build_timeout(self, left: float) -> float:
         """Seconds a build may take: what is left once its outputs are checked and timed."""
         return max(left - self._check_s(), 1.0)

@@ -4,14 +4,21 @@ A candidate is chosen only when its speedup interval clears 1 + epsilon (its ver
 "faster"); among those the fastest, except that the best peer (`tuner.backends.registry.PEERS`,
 what a user would pick instead of fxtune) is the floor: a candidate with passes replaces it only
 when its interval lies above the peer's speedup. Each was timed against the original, not
-against the other, so a tie by point estimate is noise, and in a tie the user's own pick ships.
-When nothing is faster, the original stands.
+against the other, so a tie by point estimate is noise. Where the choice hinges on such a tie
+(two peers, or a candidate with passes and the peer it must beat), the two are timed head to
+head when the budget allows (`Contest`, run by `tuner.tuning.judge.Judge.runoff`): the
+challenger ships only when it wins that comparison, between two peers beyond its interval, for a
+candidate with passes beyond 1 + epsilon as everywhere; otherwise, as in any tie, the user's own
+pick ships. When nothing is faster, the original stands.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tuner.backends import registry as backends
 from tuner.contract.config import Figures, Verdict
+from tuner.measure.verdicts import Comparison, verdict
 from tuner.passes.apply import Transformed
 from tuner.search.buckets import ORIGINAL
 from tuner.tuning.candidates import Candidate
@@ -27,23 +34,101 @@ def original(captured: Captured, verdict: Verdict, reason: str) -> tuple[Figures
     return fig, Candidate(ORIGINAL, "eager", [], Transformed(gm0, captured.inputs), gm0)
 
 
+Pick = tuple[Figures, Candidate]
+
+
+@dataclass(frozen=True)
+class Contest:
+    """The two candidates a choice hinges on: `holder` ships unless `challenger` beats it head
+    to head. `peers`: both are peers, so either may win (no epsilon: neither is a rewrite)."""
+
+    challenger: Pick
+    holder: Pick
+    peers: bool
+
+
+@dataclass(frozen=True)
+class Runoff:
+    """A contest and its head-to-head comparison (the challenger's speedup over the holder)."""
+
+    contest: Contest
+    comparison: Comparison
+
+    def challenger_wins(self, epsilon: float) -> bool:
+        if self.comparison.rounds == 0:
+            return False
+        if self.contest.peers:
+            return self.comparison.ci_low > 1.0
+        return verdict(self.comparison, epsilon) == Verdict.FASTER
+
+
+def _speedup(pick: Pick) -> float:
+    return pick[0].speedup or 0.0
+
+
+def _winners(candidates: list[Candidate], figures: list[Figures]) -> list[Pick]:
+    return [(f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == Verdict.FASTER]
+
+
+def _peers(winners: list[Pick]) -> list[Pick]:
+    return [(f, c) for f, c in winners if not c.passes and c.backend in backends.PEERS]
+
+
+def _clears(pick: Pick, bar: float) -> bool:
+    """Its interval lies above `bar`."""
+    return bool(pick[0].ci) and pick[0].ci[0] > bar  # type: ignore[index]
+
+
+def contest(candidates: list[Candidate], figures: list[Figures]) -> Contest | None:
+    """Where `choose` would decide by a tie: the best candidate with passes within the best
+    peer's noise, or, where a peer is best, the next peer whose interval reaches it."""
+    winners = _winners(candidates, figures)
+    plain = _peers(winners)
+    if not plain:
+        return None
+    best, peer = max(winners, key=_speedup), max(plain, key=_speedup)
+    if best[1] is not peer[1]:
+        return None if _clears(best, _speedup(peer)) else Contest(best, peer, peers=False)
+    rivals = [p for p in plain if p[1] is not peer[1] and not _clears(peer, _speedup(p))]
+    return Contest(max(rivals, key=_speedup), peer, peers=True) if rivals else None
+
+
+def _runoff_note(runoff: Runoff, wins: bool) -> str:
+    (_, challenger), (_, holder) = runoff.contest.challenger, runoff.contest.holder
+    c = runoff.comparison
+    if c.rounds == 0:
+        return f"{challenger.name} against {holder.name} head to head: no round fitted"
+    ships = challenger.name if wins else holder.name
+    return (
+        f"{challenger.name} against {holder.name} head to head: {c.speedup:.3f}x "
+        f"[{c.ci_low:.3f}, {c.ci_high:.3f}] in {c.rounds} rounds, so {ships} ships"
+    )
+
+
 def choose(
-    captured: Captured, candidates: list[Candidate], figures: list[Figures], notes: list[str]
+    captured: Captured,
+    candidates: list[Candidate],
+    figures: list[Figures],
+    notes: list[str],
+    runoff: Runoff | None = None,
+    epsilon: float = 0.02,
 ) -> tuple[Figures, Candidate]:
     """The fastest candidate whose interval clears 1 + epsilon, the peer it ties with, or the
-    original; a tie with the peer is said in `notes`."""
-    winners = [
-        (f, c) for f, c in zip(figures, candidates, strict=True) if f.verdict == Verdict.FASTER
-    ]
+    original; a tie with the peer, and the head-to-head `runoff` that settled it, are said in
+    `notes`."""
+    winners = _winners(candidates, figures)
     if not winners:
         return original(captured, Verdict.WITHIN_NOISE, NOTHING_FASTER)
-    best = max(winners, key=lambda fc: fc[0].speedup or 0.0)
-    plain = [(f, c) for f, c in winners if not c.passes and c.backend in backends.PEERS]
+    if runoff is not None:
+        wins = runoff.challenger_wins(epsilon)
+        notes.append(_runoff_note(runoff, wins))
+        if wins:
+            return runoff.contest.challenger
+    best, plain = max(winners, key=_speedup), _peers(winners)
     if not plain:
         return best
-    peer = max(plain, key=lambda fc: fc[0].speedup or 0.0)
-    low = best[0].ci[0] if best[0].ci else None
-    if best[1] is peer[1] or (low is not None and low > (peer[0].speedup or 0.0)):
+    peer = max(plain, key=_speedup)
+    if best[1] is peer[1] or _clears(best, _speedup(peer)):
         return best
     notes.append(
         f"{best[1].name} measured {best[0].speedup:.3f}x and {peer[1].name} "

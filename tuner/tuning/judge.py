@@ -4,7 +4,9 @@ At each size the run tunes at (the example's first), the candidate's runner is c
 the original (the step kind's check; a wrong one is never timed) and then timed, interleaved with
 the original's call (`tuner.measure.timing.compare`). Its verdict across sizes is the never-worse
 one (`tuner.search.across_sizes`). A candidate that cannot be started within the budget, or whose
-build overruns or crashes, is recorded with the reason instead.
+build overruns or crashes, is recorded with the reason instead. Where the choice hinges on two
+candidates that tie against the original, `runoff` times them against each other
+(`tuner.tuning.choose.Contest`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tuner.search.across_sizes import combined_verdict, size_figures
 from tuner.search.site_search import OUT_OF_BUDGET, Progress
 from tuner.tuning.budget import MIN_TIMING_S, Budget
 from tuner.tuning.candidates import WRONG, Candidate
+from tuner.tuning.choose import Runoff, contest
 from tuner.tuning.run import Captured, TuningRun
 from tuner.tuning.step_kind import StepKind
 
@@ -127,3 +130,39 @@ class Judge:
             reason = "no timed round fitted in what was left of the time budget"
             return {"verdict": Verdict.NOT_MEASURED, "reason": reason}, c
         return {**timing_fields(c), "verdict": verdict(c, self.run.options.epsilon)}, c
+
+    def runoff(
+        self,
+        captured: Captured,
+        candidates: list[Candidate],
+        figures: list[Figures],
+        say: Progress,
+    ) -> Runoff | None:
+        """The two candidates a tie leaves the choice to, timed head to head on the example's
+        inputs, where the budget leaves room for that and for verifying what ships."""
+        found = contest(candidates, figures)
+        budget_s = self.budget.runoff_s(self.run.remaining())
+        if found is None or budget_s is None:
+            return None
+        (_, challenger), (_, holder) = found.challenger, found.holder
+        if challenger.runner is None or holder.runner is None:
+            return None
+        say(0.85, f"timing {challenger.name} against {holder.name} head to head")
+        inputs = captured.inputs
+        theirs, ours = holder.transformed.pack(inputs), challenger.transformed.pack(inputs)
+        held, challenging = (
+            self.kind.timed_call(holder.runner),
+            self.kind.timed_call(challenger.runner),
+        )
+        c = compare(
+            lambda: held(*theirs),
+            lambda: challenging(*ours),
+            device=self.run.device,
+            budget_s=budget_s,
+        )
+        self.run.timed += 1
+        self.run.samples[f"runoff:{challenger.name} vs {holder.name}"] = {
+            "baseline_s": c.baseline_s,
+            "candidate_s": c.candidate_s,
+        }
+        return Runoff(found, c)

@@ -127,7 +127,11 @@ class Tuner:
         captured = kind.capture(program, say)
         run.model_time_s = model_time_s(run, kind.baseline(captured.gm), captured)
         search, run.candidates, figures = self._search_and_judge(captured, say)
-        chosen_fig, chosen = choose(captured, run.candidates, figures, run.peer_notes)
+        runoff = self.judge.runoff(captured, run.candidates, figures, say)
+        epsilon = run.options.epsilon
+        chosen_fig, chosen = choose(
+            captured, run.candidates, figures, run.peer_notes, runoff, epsilon
+        )
         say(0.85, "verifying")
         verified, buckets = self._verify(program, captured, figures, chosen_fig, chosen)
         config = tuned_config(run, kind.mode, fingerprint, captured, search, figures, verified)

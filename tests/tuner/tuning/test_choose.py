@@ -1,0 +1,149 @@
+"""Choosing what ships (`tuner.tuning.choose`): the peer is the floor, and a tie the choice
+hinges on is settled head to head (`Judge.runoff`) where the budget allows."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tuner.contract.config import Figures, PassStep
+from tuner.host.load import CoreLoad
+from tuner.measure.verdicts import Comparison
+from tuner.passes.apply import Transformed
+from tuner.tuning.candidates import Candidate
+from tuner.tuning.choose import Contest, Runoff, choose, contest
+from tuner.tuning.run import Captured
+from tuner.tuning.tuner import TuneOptions, Tuner, tuning_session
+
+GM = torch.fx.symbolic_trace(nn.ReLU())
+CAPTURED = Captured(GM, (torch.randn(2),), None, [])
+STEP = [PassStep(pass_name="remove_dropout", sites=["x"])]
+
+
+def _cand(name: str, backend: str, passes: list[PassStep] | None = None) -> Candidate:
+    return Candidate(name, backend, passes or [], Transformed(GM, CAPTURED.inputs))
+
+
+INDUCTOR, COMPILE = _cand("inductor", "inductor"), _cand("compile", "compile")
+PASSES = _cand("compile + every pass", "compile", STEP)
+
+
+def fig(name: str, speedup: float, low: float, high: float, verdict: str = "faster") -> Figures:
+    return Figures(
+        name=name, backend="x", passes=[], verdict=verdict, speedup=speedup, ci=(low, high),
+        rounds=40,
+    )  # fmt: skip
+
+
+def head_to_head(speedup: float, low: float, high: float, rounds: int = 30) -> Comparison:
+    return Comparison([1.0], [1.0], speedup, low, high, rounds, "converged")
+
+
+def test_a_candidate_with_passes_replaces_the_best_peer_only_beyond_its_noise() -> None:
+    """Each candidate is timed against the original, not against the peer: 1.61x (interval
+    1.58-1.64) against the peer's 1.60x is a tie, and the peer ships; 1.70x (1.65-1.75) is not."""
+    peer, passes = INDUCTOR, PASSES
+    notes: list[str] = []
+    tie = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.61, 1.58, 1.64)]
+    assert choose(CAPTURED, [peer, passes], tie, notes)[1] is peer
+    assert "the peer ships" in notes[-1]
+    clear = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.70, 1.65, 1.75)]
+    assert choose(CAPTURED, [peer, passes], clear, notes)[1] is passes
+    assert len(notes) == 1
+    slower = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.7, 0.9, 2.0)]
+    slower[1] = slower[1].model_copy(update={"verdict": "within noise"})
+    assert choose(CAPTURED, [peer, passes], slower, notes)[1] is peer
+    nothing = [f.model_copy(update={"verdict": "within noise"}) for f in tie]
+    fig_, chosen = choose(CAPTURED, [peer, passes], nothing, notes)
+    assert chosen.name == "original" and fig_.verdict == "within noise"
+
+
+def test_the_contest_is_the_tie_the_choice_hinges_on() -> None:
+    """Two peers within each other's noise (1.097x and 1.093x: albert_small at 300 s, where
+    AOTInductor was 2 % faster side by side); a candidate with passes within the best peer's
+    noise; none where the winner clears the rest, or where there is no peer to beat."""
+    cands = [INDUCTOR, COMPILE, PASSES]
+    peers = [fig("inductor", 1.093, 1.07, 1.11), fig("compile", 1.097, 1.08, 1.12)]
+    found = contest(cands, [*peers, fig("compile + every pass", 1.04, 1.03, 1.05)])
+    assert found is not None and found.peers
+    assert found.holder[1] is COMPILE and found.challenger[1] is INDUCTOR
+    passes_tie = [*peers, fig("compile + every pass", 1.12, 1.09, 1.15)]
+    found = contest(cands, passes_tie)
+    assert found is not None and not found.peers
+    assert found.holder[1] is COMPILE and found.challenger[1] is PASSES
+    clear = [fig("inductor", 1.6, 1.55, 1.65), fig("compile", 1.2, 1.18, 1.22)]
+    assert contest(cands, [*clear, fig("compile + every pass", 1.1, 1.05, 1.15)]) is None
+    no_peer = [
+        fig("inductor", 1.1, 1.0, 1.2, "within noise"),
+        fig("compile", 1.1, 1.0, 1.2, "within noise"),
+        fig("compile + every pass", 1.3, 1.25, 1.35),
+    ]
+    assert contest(cands, no_peer) is None
+
+
+def test_the_challenger_ships_only_when_it_wins_head_to_head() -> None:
+    """Between two peers the faster beyond its interval ships; a candidate with passes must
+    beat the peer beyond 1 + epsilon, as against the original; a tie keeps the holder."""
+    cands = [INDUCTOR, COMPILE, PASSES]
+    peers = [fig("inductor", 1.093, 1.07, 1.11), fig("compile", 1.097, 1.08, 1.12)]
+    figures = [*peers, fig("compile + every pass", 1.04, 1.03, 1.05)]
+    found = contest(cands, figures)
+    assert found is not None
+    notes: list[str] = []
+    won = Runoff(found, head_to_head(1.021, 1.011, 1.032))
+    assert choose(CAPTURED, cands, figures, notes, won)[1] is INDUCTOR
+    assert "inductor against compile head to head: 1.021x [1.011, 1.032]" in notes[-1]
+    assert notes[-1].endswith("so inductor ships")
+    tied = Runoff(found, head_to_head(1.01, 0.99, 1.03))
+    assert choose(CAPTURED, cands, figures, notes, tied)[1] is COMPILE
+    assert notes[-1].endswith("so compile ships")
+    none = Runoff(found, head_to_head(0.0, 0.0, float("inf"), rounds=0))
+    assert choose(CAPTURED, cands, figures, notes, none)[1] is COMPILE
+    assert notes[-1] == "inductor against compile head to head: no round fitted"
+
+    passes_tie = [*peers, fig("compile + every pass", 1.12, 1.09, 1.15)]
+    found = contest(cands, passes_tie)
+    assert found is not None and found.challenger[1] is PASSES
+    small = Runoff(found, head_to_head(1.015, 1.005, 1.025))  # beyond 1, not beyond 1.02
+    assert choose(CAPTURED, cands, passes_tie, [], small, epsilon=0.02)[1] is COMPILE
+    big = Runoff(found, head_to_head(1.05, 1.03, 1.07))
+    assert choose(CAPTURED, cands, passes_tie, [], big, epsilon=0.02)[1] is PASSES
+
+
+class _Sleepy(nn.Module):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return torch.relu(x)
+
+
+def test_the_runoff_times_the_two_against_each_other(tmp_path: Path) -> None:
+    """For real: a tie by figures between a peer that sleeps 3 ms a call and one that sleeps
+    none; timed head to head, the quick one ships whichever held the tie."""
+    options = TuneOptions(
+        budget_s=60, whole_model_budget_s=1.0, cache_path=None, load=CoreLoad(2), workdir=tmp_path
+    )
+    with tuning_session(options) as session:
+        tuner = Tuner(session)
+    tuner.run.started = time.monotonic()
+    tuner.run.model_time_s = 0.003
+    slow, quick = _cand("compile", "compile"), _cand("inductor", "inductor")
+    slow.runner, quick.runner = _Sleepy(0.003), _Sleepy(0.0)
+    figures = [fig("compile", 1.10, 1.08, 1.12), fig("inductor", 1.09, 1.07, 1.11)]
+    said: list[str] = []
+    runoff = tuner.judge.runoff(CAPTURED, [slow, quick], figures, lambda _f, m: said.append(m))
+    assert runoff is not None and runoff.contest == Contest(
+        (figures[1], quick), (figures[0], slow), peers=True
+    )
+    assert said == ["timing inductor against compile head to head"]
+    assert runoff.comparison.rounds > 0 and runoff.comparison.ci_low > 1.5
+    assert "runoff:inductor vs compile" in tuner.run.samples
+    assert choose(CAPTURED, [slow, quick], figures, [], runoff)[1] is quick
+    tuner.run.started = time.monotonic() - 60  # no budget left: no runoff, the holder stays
+    assert tuner.judge.runoff(CAPTURED, [slow, quick], figures, lambda _f, _m: None) is None
