@@ -79,17 +79,25 @@ def _clears(pick: Pick, bar: float) -> bool:
     return bool(pick[0].ci) and pick[0].ci[0] > bar  # type: ignore[index]
 
 
+def _ranked(winners: list[Pick]) -> tuple[Pick, Pick | None]:
+    """The fastest winner, and the fastest winning peer (None where no peer won)."""
+    plain = _peers(winners)
+    return max(winners, key=_speedup), max(plain, key=_speedup) if plain else None
+
+
 def contest(candidates: list[Candidate], figures: list[Figures]) -> Contest | None:
     """Where `choose` would decide by a tie: the best candidate with passes within the best
     peer's noise, or, where a peer is best, the next peer whose interval reaches it."""
     winners = _winners(candidates, figures)
-    plain = _peers(winners)
-    if not plain:
+    if not winners:
         return None
-    best, peer = max(winners, key=_speedup), max(plain, key=_speedup)
+    best, peer = _ranked(winners)
+    if peer is None:
+        return None
     if best[1] is not peer[1]:
         return None if _clears(best, _speedup(peer)) else Contest(best, peer, peers=False)
-    rivals = [p for p in plain if p[1] is not peer[1] and not _clears(peer, _speedup(p))]
+    others = [p for p in _peers(winners) if p[1] is not peer[1]]
+    rivals = [p for p in others if not _clears(peer, _speedup(p))]
     return Contest(max(rivals, key=_speedup), peer, peers=True) if rivals else None
 
 
@@ -124,11 +132,8 @@ def choose(
         notes.append(_runoff_note(runoff, wins))
         if wins:
             return runoff.contest.challenger
-    best, plain = max(winners, key=_speedup), _peers(winners)
-    if not plain:
-        return best
-    peer = max(plain, key=_speedup)
-    if best[1] is peer[1] or _clears(best, _speedup(peer)):
+    best, peer = _ranked(winners)
+    if peer is None or best[1] is peer[1] or _clears(best, _speedup(peer)):
         return best
     notes.append(
         f"{best[1].name} measured {best[0].speedup:.3f}x and {peer[1].name} "
