@@ -32,6 +32,8 @@ CHECK_CALLS = 20
 # one the prior was measured on still builds its peers).
 IN_PROCESS_MARGIN = 1.5
 STOPPABLE_SHARE = 0.5
+# A head-to-head (`Judge.runoff`) gets up to this many whole-model timings.
+RUNOFF_SPAN = 3
 # Other work holding this share of the cores is said in the report (`tuner.host.load`).
 BUSY_SHARE = 0.25
 # Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation).
@@ -88,11 +90,12 @@ class Budget:
 
     def runoff_s(self, left: float) -> float | None:
         """Seconds for a head-to-head between two tied candidates (`Judge.runoff`), leaving
-        twice a check for verifying what ships; None where the least timing does not fit."""
+        twice a check for verifying what ships; None where the least timing does not fit. Up
+        to RUNOFF_SPAN whole-model timings: a tie is what the first one could not settle."""
         spare = left - 2 * self._check_s()
         if spare < MIN_TIMING_S:
             return None
-        return min(self.run.options.whole_model_budget_s, spare)
+        return min(RUNOFF_SPAN * self.run.options.whole_model_budget_s, spare)
 
     def build_timeout(self, left: float) -> float:
         """Seconds a build may take: what is left once its outputs are checked and timed."""

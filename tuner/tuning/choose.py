@@ -9,7 +9,10 @@ against the other, so a tie by point estimate is noise. Where the choice hinges 
 head when the budget allows (`Contest`, run by `tuner.tuning.judge.Judge.runoff`): the
 challenger ships only when it wins that comparison, between two peers beyond its interval, for a
 candidate with passes beyond 1 + epsilon as everywhere; otherwise, as in any tie, the user's own
-pick ships. When nothing is faster, the original stands.
+pick ships. When nothing cleared 1 + epsilon but a candidate led the original by more than that
+within its noise (a loaded machine widens every interval), that lead is timed again head to head
+against the original, and ships only if it clears 1 + epsilon there; otherwise the original
+stands. Only for a program with one size: a lead at the example's size says nothing of the others.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 from tuner.backends import registry as backends
 from tuner.contract.config import Figures, Verdict
-from tuner.measure.verdicts import Comparison, verdict
+from tuner.measure.verdicts import Comparison, timing_fields, verdict
 from tuner.passes.apply import Transformed
 from tuner.search.buckets import ORIGINAL
 from tuner.tuning.candidates import Candidate
@@ -46,6 +49,10 @@ class Contest:
     holder: Pick
     peers: bool
 
+    @property
+    def against_original(self) -> bool:
+        return self.holder[1].name == ORIGINAL
+
 
 @dataclass(frozen=True)
 class Runoff:
@@ -60,6 +67,15 @@ class Runoff:
         if self.contest.peers:
             return self.comparison.ci_low > 1.0
         return verdict(self.comparison, epsilon) == Verdict.FASTER
+
+    def winner(self, note: str) -> Pick:
+        """The challenger, as it ships; against the original its figures become the head to
+        head's (that comparison is the one against the original with the most rounds)."""
+        figures, cand = self.contest.challenger
+        if self.contest.against_original:
+            fields = {**timing_fields(self.comparison), "verdict": Verdict.FASTER, "reason": note}
+            figures = figures.model_copy(update=fields)
+        return figures, cand
 
 
 def _speedup(pick: Pick) -> float:
@@ -85,12 +101,28 @@ def _ranked(winners: list[Pick]) -> tuple[Pick, Pick | None]:
     return max(winners, key=_speedup), max(plain, key=_speedup) if plain else None
 
 
-def contest(candidates: list[Candidate], figures: list[Figures]) -> Contest | None:
+def _leader(candidates: list[Candidate], figures: list[Figures], epsilon: float) -> Pick | None:
+    """The candidate with the best point estimate beyond 1 + epsilon among those within noise
+    of the original, measured at one size only."""
+    leads = [
+        (f, c)
+        for f, c in zip(figures, candidates, strict=True)
+        if f.verdict == Verdict.WITHIN_NOISE and not f.per_size and _speedup((f, c)) > 1 + epsilon
+    ]
+    return max(leads, key=_speedup) if leads else None
+
+
+def contest(
+    captured: Captured, candidates: list[Candidate], figures: list[Figures], epsilon: float
+) -> Contest | None:
     """Where `choose` would decide by a tie: the best candidate with passes within the best
-    peer's noise, or, where a peer is best, the next peer whose interval reaches it."""
+    peer's noise, or, where a peer is best, the next peer whose interval reaches it; where
+    nothing won, the leader within the original's noise against the original."""
     winners = _winners(candidates, figures)
     if not winners:
-        return None
+        lead = _leader(candidates, figures, epsilon)
+        held = original(captured, Verdict.WITHIN_NOISE, NOTHING_FASTER)
+        return Contest(lead, held, peers=False) if lead is not None else None
     best, peer = _ranked(winners)
     if peer is None:
         return None
@@ -122,16 +154,15 @@ def choose(
     epsilon: float = 0.02,
 ) -> tuple[Figures, Candidate]:
     """The fastest candidate whose interval clears 1 + epsilon, the peer it ties with, or the
-    original; a tie with the peer, and the head-to-head `runoff` that settled it, are said in
-    `notes`."""
+    original; a tie, and the head-to-head `runoff` that settled it, are said in `notes`."""
     winners = _winners(candidates, figures)
-    if not winners:
-        return original(captured, Verdict.WITHIN_NOISE, NOTHING_FASTER)
     if runoff is not None:
         wins = runoff.challenger_wins(epsilon)
         notes.append(_runoff_note(runoff, wins))
         if wins:
-            return runoff.contest.challenger
+            return runoff.winner(notes[-1])
+    if not winners:
+        return original(captured, Verdict.WITHIN_NOISE, NOTHING_FASTER)
     best, peer = _ranked(winners)
     if peer is None or best[1] is peer[1] or _clears(best, _speedup(peer)):
         return best

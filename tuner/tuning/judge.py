@@ -24,6 +24,7 @@ from tuner.host import failures
 from tuner.measure.timing import compare
 from tuner.measure.verdicts import Comparison, timing_fields, verdict
 from tuner.search.across_sizes import combined_verdict, size_figures
+from tuner.search.buckets import ORIGINAL
 from tuner.search.site_search import OUT_OF_BUDGET, Progress
 from tuner.tuning.budget import MIN_TIMING_S, Budget
 from tuner.tuning.candidates import WRONG, Candidate
@@ -140,20 +141,17 @@ class Judge:
     ) -> Runoff | None:
         """The two candidates a tie leaves the choice to, timed head to head on the example's
         inputs, where the budget leaves room for that and for verifying what ships."""
-        found = contest(candidates, figures)
+        found = contest(captured, candidates, figures, self.run.options.epsilon)
         budget_s = self.budget.runoff_s(self.run.remaining())
         if found is None or budget_s is None:
             return None
         (_, challenger), (_, holder) = found.challenger, found.holder
-        if challenger.runner is None or holder.runner is None:
+        held, challenging = self._timed(captured, holder), self._timed(captured, challenger)
+        if held is None or challenging is None:
             return None
         say(0.85, f"timing {challenger.name} against {holder.name} head to head")
         inputs = captured.inputs
         theirs, ours = holder.transformed.pack(inputs), challenger.transformed.pack(inputs)
-        held, challenging = (
-            self.kind.timed_call(holder.runner),
-            self.kind.timed_call(challenger.runner),
-        )
         c = compare(
             lambda: held(*theirs),
             lambda: challenging(*ours),
@@ -166,3 +164,9 @@ class Judge:
             "candidate_s": c.candidate_s,
         }
         return Runoff(found, c)
+
+    def _timed(self, captured: Captured, cand: Candidate) -> Callable[..., Any] | None:
+        """What timing calls for `cand`: the original's baseline, or its built runner."""
+        if cand.name == ORIGINAL:
+            return self.kind.baseline(captured.gm)
+        return None if cand.runner is None else self.kind.timed_call(cand.runner)
