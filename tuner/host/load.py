@@ -25,6 +25,10 @@ STAT = Path("/proc/stat")
 SAMPLE_S = 0.2  # long enough for 20 clock ticks per core at Linux's 100 Hz
 
 
+# Other work holding this share of the cores makes the machine shared (`CoreLoad.shared`).
+BUSY_SHARE = 0.25
+
+
 @dataclass(frozen=True)
 class CoreLoad:
     """`busy` of the `cores` this process may run on were kept busy by other work."""
@@ -41,6 +45,12 @@ class CoreLoad:
     @property
     def busy_share(self) -> float:
         return self.busy / self.cores
+
+    @property
+    def shared(self) -> bool:
+        """Enough other work that the report says so and CPU timing on one thread switches to
+        CPU time (`tuner.measure.timing.Clock`)."""
+        return self.busy_share >= BUSY_SHARE
 
     def describe(self) -> str:
         return f"{self.busy:.1f} of {self.cores} cores busy with other work"

@@ -28,6 +28,7 @@ class Comparison:
     confidence: float = 0.95
     device: str = "cpu"
     threads: int | None = None
+    clock: str = "wall"  # what a CPU sample measured (`tuner.measure.timing.Clock`)
 
     @classmethod
     def from_samples(
@@ -40,6 +41,7 @@ class Comparison:
         confidence: float = 0.95,
         device: str = "cpu",
         threads: int | None = None,
+        clock: str = "wall",
     ) -> Comparison:
         """The comparison of paired samples, its figures from `summarize` (an open interval side
         is 0 or inf here, None in `summary` and `to_dict`)."""
@@ -56,6 +58,7 @@ class Comparison:
             confidence,
             device,
             threads,
+            clock,
         )
 
     @property

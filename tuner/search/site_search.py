@@ -36,7 +36,7 @@ from tuner.graph.sizes import SizePoint
 from tuner.host import failures
 from tuner.measure.equivalence import check_outputs
 from tuner.measure.inputs import fresh_inputs
-from tuner.measure.timing import compare
+from tuner.measure.timing import Clock, compare
 from tuner.measure.verdicts import verdict
 from tuner.passes import get_pass, pass_names
 from tuner.passes.apply import apply_steps, cleanup
@@ -111,6 +111,7 @@ class SearchSettings:
     # A site whose copies together cover less than this share of the model's time (by the
     # node profile) is not timed; None times every site.
     noise_share: float | None = None
+    clock: Clock = "wall"  # what CPU timings measure (`tuner.measure.timing.Clock`)
 
 
 # A site's baseline (times its identical copies) may exceed the model's own time by this much
@@ -175,6 +176,7 @@ class SiteSearch:
             run.call(pair.candidate, pair.pack(pair.inputs)),
             device=self.settings.device,
             budget_s=self.settings.site_budget_s,
+            clock=self.settings.clock,
         )
         result.timed += 1
         result.samples[f"{site.pass_name}:{site.id}" + (f"@{label}" if label else "")] = {

@@ -34,8 +34,6 @@ IN_PROCESS_MARGIN = 1.5
 STOPPABLE_SHARE = 0.5
 # A head-to-head (`Judge.runoff`) gets up to this many whole-model timings.
 RUNOFF_SPAN = 3
-# Other work holding this share of the cores is said in the report (`tuner.host.load`).
-BUSY_SHARE = 0.25
 # Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation).
 STOPPABLE = ("inductor",)
 
@@ -133,11 +131,16 @@ class Budget:
         budget it would need. Nothing slower than what is measured ships either way."""
         run = self.run
         left = run.remaining()
-        if run.load.busy_share >= BUSY_SHARE:
+        if run.load.shared:
+            timed = (
+                "timed by this process's CPU time, which the other work does not stretch"
+                if run.clock == "cpu"
+                else "timings are noisier"
+            )
             run.peer_notes.append(
                 f"{run.load.describe()}: tuning on {run.hardware['threads']} of "
                 f"{run.load.cores} threads, compiles are expected to take "
-                f"{run.load.slowdown:.1f}x as long as on a quiet machine, and timings are noisier"
+                f"{run.load.slowdown:.1f}x as long as on a quiet machine, and {timed}"
             )
         estimates: dict[str, float] = {}
         for cand in peers:

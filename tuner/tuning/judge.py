@@ -125,6 +125,7 @@ class Judge:
             lambda: candidate(*packed),
             device=self.run.device,
             budget_s=self.run.timing_budget(),
+            clock=self.run.clock,
         )
         self.run.timed += 1
         if c.rounds == 0:
@@ -157,6 +158,7 @@ class Judge:
             lambda: challenging(*ours),
             device=self.run.device,
             budget_s=budget_s,
+            clock=self.run.clock,
         )
         self.run.timed += 1
         self.run.samples[f"runoff:{challenger.name} vs {holder.name}"] = {

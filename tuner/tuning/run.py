@@ -26,7 +26,7 @@ from tuner.graph.shapes import ShapeSpec
 from tuner.graph.sizes import SizePoint
 from tuner.host.hardware import describe, hardware_key
 from tuner.host.load import CoreLoad, sample_load
-from tuner.measure.timing import require_timing
+from tuner.measure.timing import Clock, require_timing, timing_clock
 from tuner.passes.apply import Transformed
 from tuner.search.decisions import DecisionCache, open_decision_cache
 from tuner.tuning.candidates import Candidate
@@ -75,6 +75,7 @@ class TuningRun:
     workdir: Path  # where compiled packages go (`tuning_session`)
     isolate: bool  # build compiled candidates in a child first (`TuneOptions.isolate_compiles`)
     load: CoreLoad  # other work on the cores as the run began (`tuner.host.load`)
+    clock: Clock = "wall"  # what its CPU timings measure (`tuner.measure.timing.timing_clock`)
     started: float = field(default_factory=time.monotonic)
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     timed: int = 0  # comparisons made, sites and whole-model candidates together
@@ -102,6 +103,7 @@ class TuningRun:
             workdir=options.workdir,
             isolate=device.kind == "cuda" if isolate is None else isolate,
             load=load,
+            clock=timing_clock(device, hardware["threads"], load.shared),
         )
 
     def remaining(self) -> float:

@@ -310,6 +310,7 @@ def versus_compile(run: TuningRun, captured: Captured, verified: Verified) -> di
         lambda: shipped(*packed),
         device=run.device,
         budget_s=run.timing_budget(),
+        clock=run.clock,
     )
     run.samples["versus_compile"] = {"baseline_s": c.baseline_s, "candidate_s": c.candidate_s}
     return {"candidate": chosen.name, **timing_fields(c)}

@@ -37,6 +37,8 @@ def tuned_config(
             "budget_s": run.options.budget_s,
             # Other work on the cores as the run began; compile estimates were scaled by it.
             "load": {**dataclasses.asdict(run.load), "slowdown": round(run.load.slowdown, 2)},
+            # What the CPU timings measured: "wall", or "cpu" (one thread beside other work).
+            "clock": run.clock,
             "timed_candidates": run.timed,
             "cache_hits": run.cache.hits,
             # Why stored decisions were not used (`tuner.search.decisions`); empty: all were.

@@ -187,6 +187,7 @@ class Tuner:
             model_time_s=run.model_time_s,
             run=self.kind.site_run,
             noise_share=NOISE_SHARE * run.options.epsilon,
+            clock=run.clock,
         )
         search = SiteSearch(settings, run.cache).run(
             copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.3 + 0.3 * f, m)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import tuner.measure.timing as measure
+from tuner.contract.device import Device
 from tuner.contract.errors import DeviceUnavailableError, UnsupportedDeviceError
 from tuner.measure.inputs import fresh_inputs
 from tuner.measure.summary import median_interval, summarize
@@ -114,6 +115,35 @@ def test_cpu_timing_pins_threads_and_reports_them() -> None:
     with fixed_threads(1) as n:
         assert n == torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.serial
+def test_the_cpu_clock_counts_this_process_s_work_not_the_wait() -> None:
+    """The wall clock counts a sleep, CPU time does not: the same pair is 'slower' by one and
+    'within noise' or better by the other. Which is why the tuner uses CPU time only where
+    its calls run on one thread and other work stretches the wall clock (`timing_clock`)."""
+
+    def work_then_sleep() -> torch.Tensor:
+        out = twenty_matmuls()
+        time.sleep(0.002)
+        return out
+
+    pair = (twenty_matmuls, work_then_sleep)
+    wall = compare(*pair, budget_s=1.0, target_rel_ci=0.2, threads=1)
+    cpu = compare(*pair, budget_s=1.0, target_rel_ci=0.2, threads=1, clock="cpu")
+    assert wall.clock == "wall" and verdict(wall) == "slower" and wall.speedup < 0.5
+    assert cpu.clock == "cpu" and cpu.ci_high > 0.8
+    assert cpu.candidate_median_s < 2e-3 < wall.candidate_median_s
+
+
+def test_the_cpu_clock_is_chosen_for_one_thread_on_a_shared_cpu_only() -> None:
+    cpu = Device.parse("cpu")
+    assert measure.timing_clock(cpu, 1, shared=True) == "cpu"
+    assert measure.timing_clock(cpu, 2, shared=True) == "wall"
+    assert measure.timing_clock(cpu, 1, shared=False) == "wall"
+    assert measure.timing_clock(Device.parse("cuda"), 1, shared=True) == "wall"
+    with pytest.raises(ValueError, match="one thread only, not on 2"):
+        compare(matmul, matmul, max_rounds=2, min_rounds=2, threads=2, clock="cpu")
 
 
 @pytest.mark.cuda

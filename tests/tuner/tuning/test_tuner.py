@@ -49,6 +49,24 @@ def test_tuning_fuses_the_seed_pattern_and_replays_exactly(tmp_path: Path) -> No
     torch.testing.assert_close(replayed.gm(x), program.module()(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.serial
+@pytest.mark.slow
+def test_beside_other_work_on_one_thread_the_run_times_by_cpu_time(tmp_path: Path) -> None:
+    """The load is given (the machine itself may be quiet): two cores busy and one thread, so
+    every comparison of the run counts this process's CPU time, and the report says so."""
+    program = _program(SplitNormTanh(), torch.randn(32, 24 * 16))
+    options = TuneOptions(
+        budget_s=20, backends=["eager"], threads=1, load=CoreLoad(2, busy=2.0), workdir=tmp_path
+    )
+    with fixed_threads(1):
+        config = tune_program(program, options).config
+    assert config.tuning["clock"] == "cpu"
+    assert any("timed by this process's CPU time" in n for n in config.tuning["peers"])
+    assert "fuse_horizontal_layernorm" in {step.pass_name for step in config.passes}
+    quiet = TuneOptions(budget_s=1, backends=["eager"], threads=1, load=CoreLoad(2))
+    assert tune_program(program, quiet).config.tuning["clock"] == "wall"
+
+
 def test_original_stands_when_nothing_is_faster(tmp_path: Path) -> None:
     with registered(SlowRelu):
         options = TuneOptions(budget_s=20, backends=["eager"], passes=["test_slow_relu"])
