@@ -185,6 +185,20 @@ class Budget:
             say(0.05, f"peers: {note}")
         return first, last
 
+    def stand_ins(self, blind: list[Candidate], say: Progress) -> list[Candidate]:
+        """When no peer is expected to fit, what is judged before the site search: the original
+        with every pass in eager (no compile: one check and one timing, where those fit), then
+        the quickest compiled candidate with every pass that is expected to fit. On a short
+        budget the search could otherwise leave no time for either (resnet18 at 60 s beside two
+        busy processes: every pass in eager, 1.2x over the original at 300 s, was skipped)."""
+        eager = [c for c in blind if c.passes and c.backend == "eager"]
+        first = eager[:1] if eager and self._check_s() <= self.run.remaining() else []
+        if first:
+            note = f"{first[0].name} needs no compile: it goes first"
+            self.run.peer_notes.append(note)
+            say(0.05, f"peers: {note}")
+        return first + self.affordable_stand_in(blind, say)
+
     def affordable_stand_in(self, blind: list[Candidate], say: Progress) -> list[Candidate]:
         """When no peer is expected to fit: the quickest compiled candidate that is, among
         `blind` (the original with every pass, under each backend: it needs no search, and the

@@ -147,8 +147,8 @@ class Tuner:
     ) -> tuple[SearchResult, list[Candidate], list[Figures]]:
         """The peers are the floor, so they are built and timed first, quickest first, as
         many as are expected to fit; one that is not goes after the passes, with what is left.
-        Where no peer is expected to fit, the passes go first (eager needs no compile), with
-        the quickest compiled every-pass candidate that fits, and the report says so. Then the
+        Where no peer is expected to fit, every pass goes first, in eager (no compile) and
+        with the quickest compile that fits, and the report says so. Then the
         site search, and the candidates it makes, in the order they are judged."""
         kind, gm0, inputs = self.kind, captured.gm, captured.inputs
         peers = [c for c in kind.candidates(gm0, inputs, [], []) if not c.passes]
@@ -159,7 +159,7 @@ class Tuner:
             began = time.monotonic()
             blind = kind.candidates(gm0, inputs, [], kind.passes())
             building_s = time.monotonic() - began  # applying every pass, as after the search
-            early = self.budget.affordable_stand_in(blind, say)
+            early = self.budget.stand_ins(blind, say)
         figures = self.judge.all(captured, early, say, (0.05, 0.3))
         deadline = self.budget.search_deadline(early, figures, building_s)
         search = self._search(captured, say, deadline)

@@ -241,7 +241,8 @@ def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
 ) -> None:
     """This machine's history says torch.compile of the 87-node original will not fit in what
     13 s leave, but of the 12 nodes left after every pass it will: that candidate is built and
-    timed before the site search, and the report says why."""
+    timed before the site search, after every pass in eager (no compile), and the report says
+    why."""
     cache = _compile_history(tmp_path, "compile", nodes=12, seconds=4.0)
     said: list[str] = []
     program = _program(SplitNormTanh(n=16), torch.randn(16, 16 * 16))
@@ -258,7 +259,9 @@ def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
     notes = " ".join(outcome.config.tuning["peers"])
     assert "no peer is expected to fit" in notes
     assert "compile + every pass (12 nodes) is expected to fit" in notes
+    assert "eager + every pass needs no compile: it goes first" in notes
     search = next(i for i, m in enumerate(said) if m.startswith("searching "))
-    assert said.index("timing whole model: compile + every pass") < search
+    eager = said.index("timing whole model: eager + every pass")
+    assert eager < said.index("timing whole model: compile + every pass") < search
     early = next(f for f in outcome.config.candidates if f.name == "compile + every pass")
     assert early.rounds > 0 or (early.reason or "").startswith("skipped: checking")
