@@ -28,7 +28,7 @@ from tuner.search.buckets import ORIGINAL
 from tuner.search.site_search import OUT_OF_BUDGET, Progress
 from tuner.tuning.budget import MIN_TIMING_S, Budget
 from tuner.tuning.candidates import WRONG, Candidate
-from tuner.tuning.choose import Runoff, contest
+from tuner.tuning.choose import Runoff, contest, margin
 from tuner.tuning.run import Captured, TuningRun
 from tuner.tuning.step_kind import StepKind
 
@@ -131,7 +131,8 @@ class Judge:
         if c.rounds == 0:
             reason = "no timed round fitted in what was left of the time budget"
             return {"verdict": Verdict.NOT_MEASURED, "reason": reason}, c
-        return {**timing_fields(c), "verdict": verdict(c, self.run.options.epsilon)}, c
+        bar = margin(cand, self.run.options.epsilon)
+        return {**timing_fields(c), "verdict": verdict(c, bar)}, c
 
     def runoff(
         self,
