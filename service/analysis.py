@@ -112,14 +112,18 @@ def _answer(done: ChildResult, folder: CheckFolder) -> dict[str, Any] | None:
     return json.loads(raw)
 
 
-def program_analysis(settings: Settings) -> ProgramAnalysis:
-    """The service's checker, with its limits read once from the settings."""
-    limits = AnalysisLimits(
+def analysis_limits(settings: Settings) -> AnalysisLimits:
+    return AnalysisLimits(
         memory_bytes=settings.analysis_memory_mb * 2**20,
         cpu_s=settings.analysis_cpu_s,
         wall_s=settings.analysis_wall_s,
         sandbox=settings.analysis_sandbox,
     )
+
+
+def program_analysis(settings: Settings) -> ProgramAnalysis:
+    """The service's checker, with its limits read once from the settings."""
+    limits = analysis_limits(settings)
     return ProgramAnalysis(settings.data_dir / "analysis", limits, warm=settings.warm_checkers)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, status
@@ -16,7 +16,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.analysis import AnalysisFailed, AnalysisUnavailable, program_analysis
+from service.analysis import (
+    AnalysisFailed,
+    AnalysisUnavailable,
+    ProgramAnalysis,
+    program_analysis,
+)
 from service.api.body_guard import BodyGuard
 from service.api.browser import BrowserGuard
 from service.api.config_cache import ConfigCache
@@ -60,7 +65,13 @@ async def reap_forever(store: AbstractStore, interval_s: float) -> None:
             log.warning("requeued %d job(s) with expired leases", reaped)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    checks: Callable[[Settings], ProgramAnalysis] = program_analysis,
+) -> FastAPI:
+    """The service; `checks` makes the checker of uploads and results from the settings (the
+    sandboxed children of `service.analysis`; tests of the API around them may run them
+    in-process)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -76,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.artifacts = artifacts
         app.state.config_cache = ConfigCache(settings.config_cache_ttl_s)
-        analysis = program_analysis(settings)
+        analysis = checks(settings)
         await run_in_threadpool(analysis.start)
         app.state.analysis = analysis
         reaper = asyncio.create_task(reap_forever(store, settings.reap_interval_s))

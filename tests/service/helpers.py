@@ -30,7 +30,8 @@ LOCAL = "http://127.0.0.1"
 # For services whose tests are about the API, not about checking a worker's result: results are
 # stored without the child that runs the tuned program against the upload (a Python that
 # imports torch: about 5 s of CPU per completion). test_api.py, test_worker_auth.py,
-# test_forged_results.py and the end-to-end tests keep the check.
+# test_forged_results.py and the end-to-end tests keep the check (the first two run it in the
+# test's process: tests/service/in_process_checks.py).
 RESULTS_UNCHECKED: dict[str, Any] = {"result_check": "none"}
 
 

@@ -22,6 +22,7 @@ from tests.service.fakes import (
     write_result,
 )
 from tests.service.helpers import LOCAL, blob_count, spool_count, tiny_program, variant
+from tests.service.in_process_checks import in_process_checks
 
 LOOPBACK = ("127.0.0.1", 40000)
 ELSEWHERE = ("203.0.113.9", 40000)
@@ -47,7 +48,9 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as c:
+    with TestClient(
+        create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+    ) as c:
         yield c
 
 
@@ -458,7 +461,12 @@ class TestAuth:
 
     def client(self, settings: Settings, host: tuple[str, int], token: str | None) -> TestClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return TestClient(create_app(settings), base_url=LOCAL, client=host, headers=headers)
+        return TestClient(
+            create_app(settings, checks=in_process_checks),
+            base_url=LOCAL,
+            client=host,
+            headers=headers,
+        )
 
     def test_writes_need_the_token(self, settings: Settings, program: Path) -> None:
         with self.client(settings, LOOPBACK, None) as anon:

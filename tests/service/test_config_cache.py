@@ -15,6 +15,7 @@ from service.core.config import Settings
 from service.main import create_app
 from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
 from tests.service.helpers import LOCAL, RESULTS_UNCHECKED, tiny_program
+from tests.service.in_process_checks import in_process_checks
 
 LOOPBACK = ("127.0.0.1", 40000)
 ELSEWHERE = ("203.0.113.9", 40000)
@@ -38,7 +39,9 @@ def settings_for(tmp_path: Path, **extra: Any) -> Settings:
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
     with TestClient(
-        create_app(settings_for(tmp_path, config_cache_ttl_s=600)), base_url=LOCAL, client=LOOPBACK
+        create_app(settings_for(tmp_path, config_cache_ttl_s=600), checks=in_process_checks),
+        base_url=LOCAL,
+        client=LOOPBACK,
     ) as c:
         yield c
 
@@ -109,8 +112,12 @@ def test_another_process_sees_a_write_within_the_ttl(program: Path, tmp_path: Pa
     # Results unchecked: a check (a child, seconds) between the two reads would outlast the TTL.
     settings = settings_for(tmp_path, config_cache_ttl_s=ttl, result_check="none")
     with (
-        TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as writer,
-        TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as reader,
+        TestClient(
+            create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+        ) as writer,
+        TestClient(
+            create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+        ) as reader,
     ):
         model = tune(writer, program, tmp_path / "a", 1.5)
         path = f"/api/v1/configs/{model['fingerprint']}"
@@ -123,7 +130,7 @@ def test_another_process_sees_a_write_within_the_ttl(program: Path, tmp_path: Pa
 
 def test_the_cache_does_not_bypass_auth(program: Path, tmp_path: Path) -> None:
     settings = settings_for(tmp_path, api_token="u", worker_token="w", config_cache_ttl_s=600)
-    app = create_app(settings)
+    app = create_app(settings, checks=in_process_checks)
     with TestClient(app, base_url=LOCAL, client=LOOPBACK) as local:
         local.headers["Authorization"] = "Bearer u"
         with program.open("rb") as f:

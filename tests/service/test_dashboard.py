@@ -34,6 +34,7 @@ from tests.service.dashboard_pages import (
 )
 from tests.service.fakes import training_config
 from tests.service.helpers import LOCAL, RESULTS_UNCHECKED, tiny_program
+from tests.service.in_process_checks import in_process_checks
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
     settings = Settings(
         data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}", **RESULTS_UNCHECKED
     )
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+    with TestClient(
+        create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+    ) as client:
         yield client, seed(client, root)
 
 
@@ -244,7 +247,7 @@ def token_app(tmp_path: Path) -> Any:
         database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
         api_token=TOKEN,
     )
-    return create_app(settings)
+    return create_app(settings, checks=in_process_checks)
 
 
 def test_pages_respect_the_token_and_take_it_from_the_session_cookie(token_app: Any) -> None:
@@ -267,7 +270,9 @@ def test_pages_respect_the_token_and_take_it_from_the_session_cookie(token_app: 
 
 def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'd.db'}")
-    with TestClient(create_app(settings), base_url=LOCAL, client=ELSEWHERE) as remote:
+    with TestClient(
+        create_app(settings, checks=in_process_checks), base_url=LOCAL, client=ELSEWHERE
+    ) as remote:
         resp = remote.get("/")
         assert resp.status_code == 403 and "only accepts requests from loopback" in resp.text
         assert "token-form" not in resp.text
@@ -280,7 +285,9 @@ def service_with_a_model(root: Path, name: str) -> Iterator[tuple[TestClient, Pa
     settings = Settings(
         data_dir=root / "data", database_url=f"sqlite:///{root / 'db.sqlite'}", **RESULTS_UNCHECKED
     )
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+    with TestClient(
+        create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+    ) as client:
         program = root / "tiny.pt2"
         tiny_program(program)
         yield client, program, upload(client, program, name)["id"]

@@ -16,6 +16,7 @@ from service.core.config import Settings
 from service.main import create_app
 from tests.service.dashboard_pages import ELSEWHERE, LOOPBACK, TOKEN, seed
 from tests.service.helpers import LOCAL, RESULTS_UNCHECKED
+from tests.service.in_process_checks import in_process_checks
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
         worker_token="worker-" + TOKEN,
         **RESULTS_UNCHECKED,
     )
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+    with TestClient(
+        create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+    ) as client:
         client.headers["Authorization"] = f"Bearer {TOKEN}"
         worker = {"Authorization": f"Bearer worker-{TOKEN}"}
         yield client, seed(client, root, worker)
@@ -153,6 +156,8 @@ def test_exports_are_in_the_openapi_schema(client: TestClient) -> None:
 
 def test_an_empty_service_exports_a_header_only(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'd.db'}")
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+    with TestClient(
+        create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+    ) as client:
         frame = read_csv(client.get("/api/v1/exports/models.csv"))
         assert frame.empty and "speedup" in frame.columns

@@ -11,13 +11,16 @@ from service.core.config import Settings
 from service.main import create_app
 from tests.service.dashboard_pages import LOOPBACK, page
 from tests.service.helpers import LOCAL, tiny_program, variant
+from tests.service.in_process_checks import in_process_checks
 
 
 def test_the_worker_list_shows_each_workers_sandbox(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db'}")
     program = tmp_path / "tiny.pt2"
     tiny_program(program)
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOOPBACK) as client:
+    with TestClient(
+        create_app(settings, checks=in_process_checks), base_url=LOCAL, client=LOOPBACK
+    ) as client:
         for path in (program, variant(program, tmp_path / "b.pt2", "b")):
             with path.open("rb") as f:
                 resp = client.post("/api/v1/models", files={"file": f}, data={"tune": "true"})

@@ -14,6 +14,7 @@ from service.core.config import Settings
 from service.main import create_app
 from tests.service.fakes import upload_parts, write_result
 from tests.service.helpers import LOCAL, RESULTS_UNCHECKED, blob_count, spool_count, tiny_program
+from tests.service.in_process_checks import in_process_checks
 
 LOOPBACK = ("127.0.0.1", 40000)
 
@@ -33,7 +34,10 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(
-        create_app(settings), base_url=LOCAL, client=LOOPBACK, raise_server_exceptions=False
+        create_app(settings, checks=in_process_checks),
+        base_url=LOCAL,
+        client=LOOPBACK,
+        raise_server_exceptions=False,
     ) as c:
         yield c
 

@@ -20,6 +20,7 @@ from service.core.config import Settings
 from service.main import create_app
 from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
 from tests.service.helpers import LOCAL
+from tests.service.in_process_checks import in_process_checks
 
 USER = "user-s3cret"
 WORKER = "worker-s3cret"
@@ -57,7 +58,7 @@ def app_settings(db_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def clients(app_settings: Settings) -> Iterator[dict[str, TestClient]]:
-    app = create_app(app_settings)
+    app = create_app(app_settings, checks=in_process_checks)
     with TestClient(app, base_url=LOCAL, client=ELSEWHERE) as base:
         user = TestClient(app, base_url=LOCAL, client=ELSEWHERE)
         user.headers["Authorization"] = f"Bearer {USER}"
@@ -194,7 +195,7 @@ def test_no_tokens_keeps_loopback_workers_working(
     db_url: str, tmp_path: Path, programs: dict[str, Path]
 ) -> None:
     settings = Settings(data_dir=tmp_path / "d", database_url=db_url)
-    app = create_app(settings)
+    app = create_app(settings, checks=in_process_checks)
     body = {"worker_id": "w", "device": "cpu"}
     with TestClient(app, base_url=LOCAL, client=("127.0.0.1", 5)) as local:
         upload(local, programs["a"], tune="true")

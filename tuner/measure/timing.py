@@ -50,8 +50,9 @@ MIN_SAMPLE_S = 2e-3
 Timer = Callable[[Callable[[], Any], int], float]
 # What a CPU sample measures. "wall": elapsed time, the speed a user sees. "cpu": the CPU time
 # this process spent, which other processes on the cores do not stretch: beside two busy
-# processes on two cores, ResNet-18's calls on one thread varied 14 % (log sd) by the wall
-# clock and 1.2 % by CPU time, its median 179 ms against 128 ms (113 ms on a quiet machine).
+# processes on two cores, paired calls of ResNet-18 on one thread differed by 21 % (log sd)
+# by the wall clock and 3.0 % by CPU time, medians 170 and 128 ms (quiet: 2.0 % and 2.6 %, 126
+# and 128 ms; `python -m bench.clock_noise`).
 # It stands for speed only where the work runs on one thread and never waits (an op that
 # sleeps or blocks costs no CPU time), so it is chosen only for a loaded machine timed on one
 # thread (`timing_clock`), and refused with more.
