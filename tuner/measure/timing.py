@@ -77,35 +77,30 @@ def fixed_threads(n: int | None = None) -> Iterator[int]:
 # ---------------------------------------------------------------------------- timing
 
 
-def cpu_timer(fn: Callable[[], Any], inner: int) -> float:
-    """Wall-clock seconds per call, the garbage collector held off while timing."""
+def _timed_loop(fn: Callable[[], Any], inner: int, clock_ns: Callable[[], int]) -> float:
+    """Seconds per call on `clock_ns`, the garbage collector held off while timing."""
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        start = time.perf_counter_ns()
+        start = clock_ns()
         for _ in range(inner):
             fn()
-        end = time.perf_counter_ns()
+        end = clock_ns()
     finally:
         if gc_was_enabled:
             gc.enable()
     return (end - start) / 1e9 / inner
+
+
+def cpu_timer(fn: Callable[[], Any], inner: int) -> float:
+    """Wall-clock seconds per call."""
+    return _timed_loop(fn, inner, time.perf_counter_ns)
 
 
 def process_cpu_timer(fn: Callable[[], Any], inner: int) -> float:
     """CPU seconds of this process per call (every thread of it: work a call hands to another
-    thread counts), the garbage collector held off while timing."""
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        start = time.process_time_ns()
-        for _ in range(inner):
-            fn()
-        end = time.process_time_ns()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return (end - start) / 1e9 / inner
+    thread counts)."""
+    return _timed_loop(fn, inner, time.process_time_ns)
 
 
 def timing_clock(device: Device, threads: int, shared: bool) -> Clock:

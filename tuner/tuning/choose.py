@@ -66,8 +66,7 @@ class Runoff:
     def challenger_wins(self, epsilon: float) -> bool:
         if self.comparison.rounds == 0:
             return False
-        if self.contest.peers:
-            return self.comparison.ci_low > 1.0
+        # Between two peers the challenger, a peer, has no margin: beyond its interval.
         bar = margin(self.contest.challenger[1], epsilon)
         return verdict(self.comparison, bar) == Verdict.FASTER
 

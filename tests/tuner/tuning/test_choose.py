@@ -118,6 +118,18 @@ def test_the_challenger_ships_only_when_it_wins_head_to_head() -> None:
     assert choose(CAPTURED, cands, passes_tie, [], big, epsilon=0.02)[1] is PASSES
 
 
+def _tuner(tmp_path: Path) -> Tuner:
+    """A tuner whose budget starts now, with 1 s timings of a 3 ms model."""
+    options = TuneOptions(
+        budget_s=60, whole_model_budget_s=1.0, cache_path=None, load=CoreLoad(2), workdir=tmp_path
+    )
+    with tuning_session(options) as session:
+        tuner = Tuner(session)
+    tuner.run.started = time.monotonic()
+    tuner.run.model_time_s = 0.003
+    return tuner
+
+
 class _Sleepy(nn.Module):
     def __init__(self, seconds: float) -> None:
         super().__init__()
@@ -131,13 +143,7 @@ class _Sleepy(nn.Module):
 def test_the_runoff_times_the_two_against_each_other(tmp_path: Path) -> None:
     """For real: a tie by figures between a peer that sleeps 3 ms a call and one that sleeps
     none; timed head to head, the quick one ships whichever held the tie."""
-    options = TuneOptions(
-        budget_s=60, whole_model_budget_s=1.0, cache_path=None, load=CoreLoad(2), workdir=tmp_path
-    )
-    with tuning_session(options) as session:
-        tuner = Tuner(session)
-    tuner.run.started = time.monotonic()
-    tuner.run.model_time_s = 0.003
+    tuner = _tuner(tmp_path)
     slow, quick = _cand("compile", "compile"), _cand("inductor", "inductor")
     slow.runner, quick.runner = _Sleepy(0.003), _Sleepy(0.0)
     figures = [fig("compile", 1.10, 1.08, 1.12), fig("inductor", 1.09, 1.07, 1.11)]
@@ -205,13 +211,7 @@ def test_the_runoff_against_the_original_times_its_baseline(tmp_path: Path) -> N
     timed head to head, the candidate clears 1 + epsilon and ships with those figures."""
     gm = torch.fx.symbolic_trace(_SlowOriginal())
     captured = Captured(gm, (torch.randn(2),), None, [])
-    options = TuneOptions(
-        budget_s=60, whole_model_budget_s=1.0, cache_path=None, load=CoreLoad(2), workdir=tmp_path
-    )
-    with tuning_session(options) as session:
-        tuner = Tuner(session)
-    tuner.run.started = time.monotonic()
-    tuner.run.model_time_s = 0.003
+    tuner = _tuner(tmp_path)
     quick = Candidate("inductor", "inductor", [], Transformed(gm, captured.inputs))
     quick.runner = _Sleepy(0.0)
     figures = [fig("inductor", 1.5, 0.9, 2.1, "within noise")]
