@@ -7,7 +7,7 @@
 # build); else the project's venv when there is one (the CPU dry run, the "no CUDA" status);
 # else python3. GPU_CHECK_PYTHON overrides the choice.
 # The web stack: when that interpreter cannot import it and `.whl/` holds wheels
-# (../shared/gpu/fetch-wheels.sh), they are installed offline into .whl/site, inside the
+# (bench/gpu_wheels.sh: the venv's versions), they are installed offline into .whl/site, inside the
 # checkout (a worker's sandbox has a private /tmp), and put on PYTHONPATH.
 set -euo pipefail
 out=${1:?usage: bench/gpu_check.sh OUT_DIR [bench.gpu_check options]}

@@ -10,6 +10,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -72,6 +73,34 @@ def spawn_worker(server: str, device: str, env: dict[str, str]) -> subprocess.Po
     """The embedded worker is a child that talks HTTP like any other worker."""
     cmd = [sys.executable, "-m", "fxtune_cli", "worker", "--server", server, "--device", device]
     return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+
+
+class WorkerWatch:
+    """Stops the service when its embedded worker ends: a worker that refused to start (no
+    sandbox, no such device, another torch) would otherwise leave every job queued for ever
+    behind a service that looks healthy. The service then exits with the worker's code."""
+
+    def __init__(self, worker: subprocess.Popen[bytes]) -> None:
+        self.worker = worker
+        self.stopping = threading.Event()
+        self.code: int | None = None
+        threading.Thread(target=self._watch, name="embedded-worker-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        code = self.worker.wait()
+        if self.stopping.is_set():
+            return
+        self.code = code if code > 0 else 1
+        typer.echo(
+            f"error: the embedded worker exited with code {code}; the service stops, since "
+            "no job it takes could run (the worker's message is above)",
+            err=True,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        stop_child(self.worker)
 
 
 def embedded_worker_identity(settings: Settings) -> tuple[Settings, dict[str, str]]:
@@ -164,13 +193,14 @@ def serve_cmd(
     worker = None
     if embedded_worker:
         settings, worker_env = embedded_worker_identity(settings)
-        worker = spawn_worker(_local_url(host, port), worker_device, worker_env)
+        worker = WorkerWatch(spawn_worker(_local_url(host, port), worker_device, worker_env))
     try:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
     except SystemExit as exc:  # a signal (exit_on_signals), after uvicorn's graceful shutdown
         code = exc.code if isinstance(exc.code, int) else 1
         if worker is not None:
-            stop_child(worker)
+            worker.stop()
+            code = worker.code or code
         # Everything is closed: leave as the signal's default action would, without the
         # interpreter's teardown of torch and friends (a second or more).
         sys.stdout.flush()
@@ -178,7 +208,7 @@ def serve_cmd(
         os._exit(code)
     finally:
         if worker is not None:
-            stop_child(worker)
+            worker.stop()
 
 
 def _client(server: str | None, token: str | None) -> Any:

@@ -18,6 +18,7 @@ Exit status: 0 when every row is ok (or nothing could be checked), 1 otherwise, 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -78,10 +79,30 @@ def _probe(requested: str | None) -> tuple[Any, str]:
     return None, f"torch {torch.__version__} sees no CUDA device"
 
 
+def _allow_unchecked_torch() -> str | None:
+    """On a torch outside fxtune's checked series (a GPU image's own), the check runs anyway,
+    with the override set for every row and child, and says so: finding what breaks on that
+    torch is what the check is for."""
+    import torch
+
+    from tuner.host.torch_compat import ALLOW_ENV, CHECKED_SERIES, series
+
+    if series(torch.__version__) in CHECKED_SERIES:
+        return None
+    os.environ[ALLOW_ENV] = "1"
+    return (
+        f"torch {torch.__version__} is not a series fxtune was checked on "
+        f"({', '.join(CHECKED_SERIES)}): run with {ALLOW_ENV}=1"
+    )
+
+
 def _machine(device: Any) -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {"device": str(device), "torch": torch.__version__}
+    unchecked = _allow_unchecked_torch()
+    if unchecked:
+        info["unchecked_torch"] = unchecked
     if device.kind == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device.torch_device)
         info["cuda"] = torch.version.cuda

@@ -27,6 +27,7 @@ SUBMIT_SLACK_S = 120.0  # beyond the tuning budget: upload, claim, the worker's 
 def check_service(job: dict[str, Any], row: Row) -> None:
     from service.launch import serve_process
     from tuner.deploy.client import FxtuneClientWarning, load_tuned
+    from tuner.host.sandbox import bwrap_works
     from tuner.measure.equivalence import check_outputs, output_errors
 
     model = job["service_model"]
@@ -39,7 +40,9 @@ def check_service(job: dict[str, Any], row: Row) -> None:
         k: v for k, v in child_env().items() if k not in ("FXTUNE_DATABASE_URL", "FXTUNE_API_TOKEN")
     }
     env["FXTUNE_DATA_DIR"] = str(work / "data")
-    row.stage("starting the service")
+    if not bwrap_works():  # GPU images lack bubblewrap; the check's own models are trusted
+        env["FXTUNE_WORKER_SANDBOX"] = "none"
+    row.stage("starting the service", worker_sandbox=env.get("FXTUNE_WORKER_SANDBOX", "auto"))
     args = ("--embedded-worker", "--worker-device", str(device))
     with serve_process(env, work / "serve.log", *args, start_timeout_s=180) as url:
         row.stage("tuning through the service", server=url)

@@ -83,6 +83,8 @@ def markdown(doc: dict[str, Any]) -> str:
     if doc.get("wall_s") is not None:
         text += f", {doc['wall_s']:.0f} s in all"
     text += "\n"
+    if doc.get("unchecked_torch"):
+        text += f"\n{doc['unchecked_torch']}\n"
     if doc.get("models"):
         text += "\n## Models\n\n" + model_table(doc["models"], doc.get("peers", []))
     if doc.get("checks"):

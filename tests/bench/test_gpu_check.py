@@ -88,3 +88,25 @@ def test_without_cuda_it_reports_nothing_checked_and_exits_0(tmp_path: Path) -> 
     assert doc["status"].startswith("no CUDA device: nothing checked")
     assert "no CUDA device: nothing checked" in (tmp_path / "gpu-check.md").read_text()
     assert set(os.listdir(tmp_path)) == {"gpu-check.json", "gpu-check.md"}
+
+
+def test_on_an_unchecked_torch_the_check_runs_with_the_override_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The H200's torch is 2.11: without the override every row failed closed at the first
+    private API. The check sets it for itself and its children and writes why in the table."""
+    from bench.gpu_check import tables
+    from tuner.contract.device import Device
+    from tuner.host.torch_compat import ALLOW_ENV
+
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    info = gpu_check._machine(Device.parse("cpu"))
+    assert os.environ[ALLOW_ENV] == "1" and child_env()[ALLOW_ENV] == "1"
+    assert "torch 2.11.0+cu130 is not a series fxtune was checked on" in info["unchecked_torch"]
+    doc = {"status": "s", "started": "t", **info}
+    assert info["unchecked_torch"] in tables.markdown(doc)
+    monkeypatch.delenv(ALLOW_ENV)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    assert "unchecked_torch" not in gpu_check._machine(Device.parse("cpu"))
+    assert ALLOW_ENV not in os.environ

@@ -96,6 +96,20 @@ def test_sigterm_ends_fxtune_serve_and_its_worker_and_tuning_child(tmp_path: Pat
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
+def test_a_worker_that_cannot_start_stops_the_service_with_its_code(tmp_path: Path) -> None:
+    """On the H200 the embedded worker refused to start (no bubblewrap) and `fxtune serve` went
+    on serving: the upload's job stayed queued until the client gave up. A worker without its
+    device (XLA here, where torch_xla is not installed) must stop the service, with its code."""
+    port = free_port()
+    env = fxtune_env(FXTUNE_DATA_DIR=str(tmp_path / "data"), FXTUNE_WORKER_SANDBOX=SANDBOX)
+    cmd = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port),
+           "--embedded-worker", "--worker-device", "xla"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 4, done.stderr[-3000:]  # the worker's: the device is unavailable
+    assert "the embedded worker exited with code 4; the service stops" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_sigterm_ends_the_demo_and_the_service_it_keeps_serving(tmp_path: Path) -> None:
     env = fxtune_env(

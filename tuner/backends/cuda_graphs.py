@@ -107,8 +107,14 @@ class GraphedModule(nn.Module):
         return len(self._graphs)
 
     def _new(self, args: tuple[Any, ...]) -> _Captured:
-        static = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, args)
-        graph, outputs = self._capture(self.module, static, self.warmup_calls)
+        # Buffers that outlive this call are normal tensors even when it runs in inference mode
+        # (fxtune times in it, profiles outside it): an inference tensor may not be written
+        # outside inference mode, and every replay writes the input buffers.
+        with torch.inference_mode(False), torch.no_grad():
+            static = pytree.tree_map(
+                lambda x: x.clone() if isinstance(x, torch.Tensor) else x, args
+            )
+            graph, outputs = self._capture(self.module, static, self.warmup_calls)
         return _Captured(graph, pytree.tree_flatten(static)[0], outputs)
 
     def forward(self, *args: Any) -> Any:

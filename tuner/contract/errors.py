@@ -21,9 +21,13 @@ class LoaderUnavailableError(FxtuneError):
     """This torch lacks what the safe loader needs, so it refuses to load rather than fall back."""
 
 
+ALLOW_UNCHECKED_TORCH_ENV = "FXTUNE_ALLOW_UNCHECKED_TORCH"
+
+
 class UncheckedTorchError(FxtuneError):
     """This torch is not one fxtune's private-API uses were checked on (tuner/host/torch_compat.py):
-    fxtune refuses rather than guess what those APIs do here."""
+    fxtune refuses rather than guess what those APIs do here (unless ALLOW_UNCHECKED_TORCH_ENV
+    is "1")."""
 
 
 class UnsupportedDeviceError(FxtuneError, ValueError):

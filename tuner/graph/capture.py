@@ -54,7 +54,10 @@ def on_device(program: ExportedProgram, device: torch.device | str) -> ExportedP
     In place because a deep copy renames placeholders called `input` and breaks the program."""
     from torch.export.passes import move_to_device_pass
 
-    return move_to_device_pass(program, str(device))
+    target = torch.device(device)
+    if target.type == "cuda" and target.index is None:  # torch 2.11 tells "cuda" from "cuda:0"
+        target = torch.device("cuda", torch.cuda.current_device())
+    return move_to_device_pass(program, str(target))
 
 
 def example_inputs(program: ExportedProgram) -> Inputs:

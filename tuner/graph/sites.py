@@ -3,13 +3,19 @@
 A site id hashes what the subgraph computes (ops, constant arguments, shapes, dtypes, and how its
 nodes feed each other), never node names or weight values. Two identical towers in one model, or
 the same block in two models, get the same id, so a measurement made for one serves the other.
+Nor the device: of an op with several results only those the graph reads are described, because
+the others' shapes are the kernel's business (embedding_bag's `offset2bag` is empty on the CPU and
+one per index on CUDA), and a config tuned on a GPU must replay on the CPU program a deployment
+or the service's result check loads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +36,17 @@ class Site:
     nodes: tuple[str, ...]
     summary: str
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # The id this site had before ids left unread results out (configs stored then still replay);
+    # None where it is the same.
+    legacy_id: str | None = field(default=None, compare=False, hash=False)
+
+    def matching(self, wanted: Collection[str]) -> Site | None:
+        """This site if a config asks for it, under the id the config knows it by; else None."""
+        if self.id in wanted:
+            return self
+        if self.legacy_id is not None and self.legacy_id in wanted:
+            return dataclasses.replace(self, id=self.legacy_id, legacy_id=None)
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,8 +94,32 @@ def _describe_value(v: Any, rename: Rename = None) -> Any:
     return type(v).__name__
 
 
+def _read_results(n: fx.Node) -> set[int] | None:
+    """The indices of `n`'s results that the graph uses (export keeps a `getitem` of every
+    result, used or not); None where a user takes them all."""
+    read: set[int] = set()
+    for user in n.users:
+        if user.target is not operator.getitem or not isinstance(user.args[1], int):
+            return None
+        if user.users:
+            read.add(user.args[1])
+    return read
+
+
+def _describe_node(n: fx.Node, rename: Rename, read_only: bool) -> Any:
+    v = val(n)
+    read = _read_results(n) if read_only and isinstance(v, (list, tuple)) else None
+    if read is None:
+        return _describe_value(v, rename)
+    return tuple(_describe_value(x, rename) if i in read else "unread" for i, x in enumerate(v))
+
+
 def _describe_arg(
-    a: Any, index: dict[fx.Node, int], externals: dict[fx.Node, int], rename: Rename = None
+    a: Any,
+    index: dict[fx.Node, int],
+    externals: dict[fx.Node, int],
+    rename: Rename = None,
+    read_only: bool = False,
 ) -> Any:
     if isinstance(a, fx.Node):
         if a in index:
@@ -86,11 +127,13 @@ def _describe_arg(
         if a not in externals:
             externals[a] = len(externals)
         kind = "w" if a.op == "get_attr" else "x"
-        return (kind, externals[a], _describe_value(val(a), rename))
+        return (kind, externals[a], _describe_node(a, rename, read_only))
     if isinstance(a, (list, tuple)):
-        return tuple(_describe_arg(x, index, externals, rename) for x in a)
+        return tuple(_describe_arg(x, index, externals, rename, read_only) for x in a)
     if isinstance(a, dict):
-        return tuple(sorted((k, _describe_arg(v, index, externals, rename)) for k, v in a.items()))
+        return tuple(
+            sorted((k, _describe_arg(v, index, externals, rename, read_only)) for k, v in a.items())
+        )
     if isinstance(a, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
         return str(a)
     return a
@@ -121,12 +164,16 @@ def _packed_sizes(nodes: Sequence[fx.Node]) -> dict[str, str]:
     return {d.symbol: d.name for d in spec.packed} if spec is not None else {}
 
 
-def structural_id(pass_name: str, nodes: Sequence[fx.Node], rename: Rename = None) -> str:
+def structural_id(
+    pass_name: str, nodes: Sequence[fx.Node], rename: Rename = None, *, read_only: bool = False
+) -> str:
     """A short hash of the subgraph formed by `nodes` (taken in graph order).
 
     Dynamic sizes enter as their symbols; `rename` maps them to names that do not depend on how
     a torch version numbers its symbols (the fingerprint's), site ids keep them as they are,
-    except data-dependent ones (`_data_sizes`).
+    except data-dependent ones (`_data_sizes`). `read_only` (site ids) describes only the results
+    of a multi-result op that the graph reads; the model fingerprint, computed on the program as
+    exported, describes them all, as it always has.
     """
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     ordered = sorted(nodes, key=order.__getitem__)
@@ -139,9 +186,9 @@ def structural_id(pass_name: str, nodes: Sequence[fx.Node], rename: Rename = Non
             (
                 n.op,
                 str(n.target),
-                _describe_arg(n.args, index, externals, rename),
-                _describe_arg(n.kwargs, index, externals, rename),
-                _describe_value(val(n), rename),
+                _describe_arg(n.args, index, externals, rename, read_only),
+                _describe_arg(n.kwargs, index, externals, rename, read_only),
+                _describe_node(n, rename, read_only),
             )
         )
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
@@ -150,4 +197,7 @@ def structural_id(pass_name: str, nodes: Sequence[fx.Node], rename: Rename = Non
 def make_site(pass_name: str, nodes: Sequence[fx.Node], summary: str, **extra: Any) -> Site:
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     names = tuple(n.name for n in sorted(nodes, key=order.__getitem__))
-    return Site(pass_name, structural_id(pass_name, nodes), names, summary, dict(extra))
+    site_id = structural_id(pass_name, nodes, read_only=True)
+    legacy = structural_id(pass_name, nodes)
+    legacy_id = legacy if legacy != site_id else None
+    return Site(pass_name, site_id, names, summary, dict(extra), legacy_id=legacy_id)

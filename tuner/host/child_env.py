@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tuner.contract.errors import ALLOW_UNCHECKED_TORCH_ENV
 from tuner.host.failures import STRICT_ENV
 
 # Passed through when the parent has them: what Python, torch and its native libraries read.
@@ -34,6 +35,7 @@ ALLOWED_NAMES = frozenset(
         "PJRT_DEVICE",
         "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",
         STRICT_ENV,  # fxtune's own: unexpected exceptions raise rather than fall back
+        ALLOW_UNCHECKED_TORCH_ENV,  # the operator's override: children run the same torch
     }
 )
 ALLOWED_PREFIXES = (

@@ -33,14 +33,14 @@ from typing import Any, Literal
 
 import torch
 
-from tuner.contract.errors import UncheckedTorchError
+from tuner.contract.errors import ALLOW_UNCHECKED_TORCH_ENV, UncheckedTorchError
 
 log = logging.getLogger(__name__)
 
 # Release series whose whole test suite has run (CPU). The GPU image's torch (2.11) joins once
 # the GPU issue has run the suite there; pyproject.toml declares the same range.
 CHECKED_SERIES: tuple[str, ...] = ("2.13",)
-ALLOW_ENV = "FXTUNE_ALLOW_UNCHECKED_TORCH"
+ALLOW_ENV = ALLOW_UNCHECKED_TORCH_ENV
 
 Kind = Literal["module", "attribute", "op"]
 __all__ = ["CHECKED_SERIES", "PRIVATE_APIS", "UncheckedTorchError", "check_torch", "private"]

@@ -62,7 +62,8 @@ def apply_steps(gm: fx.GraphModule, inputs: Inputs, steps: Sequence[Step]) -> Tr
         graph_pass = get_pass(pass_name)
         if training and not graph_pass.train_safe:
             raise PassError(f"pass {pass_name!r} is not valid in a training step")
-        chosen = [s for s in graph_pass.find_sites(gm) if wanted is None or s.id in wanted]
+        found = graph_pass.find_sites(gm)
+        chosen = found if wanted is None else [m for s in found if (m := s.matching(wanted))]
         if not chosen:
             continue
         for site in chosen:

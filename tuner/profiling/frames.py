@@ -81,7 +81,26 @@ def is_op_event(event: Any) -> bool:
     name = event.name
     if is_compiled_kernel(name):
         return True
-    return event.activity_type == "cpu_op" and event.device_type.name == "CPU" and is_operator(name)
+    return (
+        function_event_kind(event) == "cpu_op"
+        and event.device_type.name == "CPU"
+        and (is_operator(name))
+    )
+
+
+def function_event_kind(event: Any) -> str:
+    """`activity_kind` for the profiler's `FunctionEvent`s: torch 2.13 keeps kineto's activity
+    type on them (`activity_type`), torch 2.11 does not (it keeps `is_user_annotation`)."""
+    kind = getattr(event, "activity_type", None)
+    if kind is not None:
+        return str(kind)
+    if getattr(event, "is_user_annotation", False):
+        return "user_annotation"
+    if _RUNTIME.match(event.name):
+        return "cuda_runtime"
+    if _DRIVER.match(event.name):
+        return "cuda_driver"
+    return "cpu_op"
 
 
 def op_frame(prof: profile) -> pd.DataFrame:

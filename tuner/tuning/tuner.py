@@ -28,6 +28,7 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
+from tuner.backends import registry as backends
 from tuner.contract.config import Figures, TunedConfig
 from tuner.graph.capture import on_device, to_graph_module
 from tuner.graph.fingerprint import graph_fingerprint
@@ -148,18 +149,22 @@ class Tuner:
         """The peers are the floor, so they are built and timed first, quickest first, as
         many as are expected to fit; one that is not goes after the passes, with what is left.
         Where no peer is expected to fit, every pass goes first, in eager (no compile) and
-        with the quickest compile that fits, and the report says so. Then the
+        with the quickest compile that fits, and the report says so; where a peer needs no
+        compile (a CUDA graph), every pass under it goes with the peers. Then the
         site search, and the candidates it makes, in the order they are judged."""
         kind, gm0, inputs = self.kind, captured.gm, captured.inputs
         peers = [c for c in kind.candidates(gm0, inputs, [], []) if not c.passes]
         peers = [c for c in peers if c.backend != "eager"]
         first, last = self.budget.plan_peers(peers, say)
         early, building_s = first, 0.0
-        if last and not first:
+        if (last and not first) or any(c.backend not in backends.COMPILING for c in first):
             began = time.monotonic()
             blind = kind.candidates(gm0, inputs, [], kind.passes())
             building_s = time.monotonic() - began  # applying every pass, as after the search
-            early = self.budget.stand_ins(blind, say)
+            if first:
+                early = first + self.budget.uncompiled_with_passes(blind, first, say)
+            else:
+                early = self.budget.stand_ins(blind, say)
         figures = self.judge.all(captured, early, say, (0.05, 0.3))
         deadline = self.budget.search_deadline(early, figures, building_s)
         search = self._search(captured, say, deadline)

@@ -62,6 +62,21 @@ def test_a_replay_answers_for_the_callers_inputs_and_hands_out_copies(model: nn.
     assert graphed.graph_count == 1
 
 
+def test_a_graph_captured_in_inference_mode_replays_outside_it(model: nn.Module) -> None:
+    """fxtune times under `torch.inference_mode` and profiles outside it; on the H200 the
+    profile of a CUDA-graph runner first built while timing failed (bert_mini): its input
+    buffers were inference tensors, which may not be written outside inference mode."""
+    graphed = GraphedModule(model, capture=stand_in)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    with torch.inference_mode():
+        torch.testing.assert_close(graphed(x), model(x))
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(y), model(y))
+    with torch.inference_mode():
+        torch.testing.assert_close(graphed(x), model(x))
+    assert graphed.graph_count == 1
+
+
 def test_each_signature_gets_its_own_graph_and_past_the_bound_none(model: nn.Module) -> None:
     graphed = GraphedModule(model, capture=stand_in, max_graphs=3)
     x = torch.randn(2, 4)

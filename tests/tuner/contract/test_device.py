@@ -124,5 +124,5 @@ def test_timing_and_profiling_stay_on_the_indexed_gpu(tmp_path: Path) -> None:
 def test_tuner_measures_on_the_indexed_gpu(tmp_path: Path) -> None:
     last = f"cuda:{torch.cuda.device_count() - 1}"
     tiny_program(tmp_path / "m.pt2")
-    tuner = Tuner(TuneOptions(device=last, budget_s=5))
+    tuner = Tuner(TuneOptions(device=last, budget_s=5, workdir=tmp_path))
     assert str(tuner.run.device) == last and tuner.run.hardware["device"] == last

@@ -202,7 +202,9 @@ def _with_torch_version(version: str, code: str, **env: str) -> subprocess.Compl
     """Run `code` in a fresh interpreter whose torch reports `version`."""
     prelude = f"import torch; torch.__version__ = {version!r}\n"
     full_env = {k: v for k, v in os.environ.items() if k != ALLOW_ENV}
-    full_env.update(PYTHONPATH=str(REPO), **env)
+    # The checkout first, then what was there (a GPU host's wheels come on PYTHONPATH).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    full_env.update(PYTHONPATH=path, **env)
     return subprocess.run(
         [sys.executable, "-c", prelude + code], env=full_env, capture_output=True, text=True,
         timeout=300,
@@ -256,3 +258,14 @@ def test_the_worker_refuses_to_start_on_another_torch() -> None:
     assert done.returncode == ExitCode.INTERNAL, done
     stderr = " ".join(done.stderr.split())
     assert "error: fxtune was checked on torch 2.13; this is torch 2.14.0" in stderr, stderr
+
+
+def test_the_override_reaches_the_children(tmp_path: Path) -> None:
+    """Tuning, compiling and checking run in children with an allowlisted environment: an
+    override the operator set for `fxtune tune` must hold there too, or the first compile child
+    refuses the torch its parent accepted."""
+    from tuner.host.child_env import child_environment
+
+    env = child_environment(tmp_path, parent={ALLOW_ENV: "1", "FXTUNE_DATA_DIR": "/x"})
+    assert env[ALLOW_ENV] == "1" and "FXTUNE_DATA_DIR" not in env
+    assert ALLOW_ENV not in child_environment(tmp_path, parent={})

@@ -10,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tuner.profiling.analysis import ITERATION, phase_range
-from tuner.profiling.frames import activity_kind
+from tuner.profiling.frames import activity_kind, function_event_kind, is_op_event
 
 
 class WithoutActivityType:
@@ -72,3 +72,20 @@ def _fake(name: str, device: str) -> Any:
 )
 def test_cuda_events_are_told_apart_by_device_and_name(name: str, device: str, kind: str) -> None:
     assert activity_kind(_fake(name, device)) == kind
+
+
+def test_function_events_without_activity_type_are_classified_as_on_torch_2_11() -> None:
+    """torch 2.11's FunctionEvent has no `activity_type` (the GPU image's torch): every tuning
+    run's profile failed there. Real events of this torch, with the attribute removed, must be
+    classified as they are with it."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("fxtune.mark"):
+        torch.randn(8, 8) @ torch.randn(8, 8)
+    events = list(prof.events())
+    with_type = [(e.name, function_event_kind(e), is_op_event(e)) for e in events]
+    for e in events:
+        del e.activity_type
+    without = [(e.name, function_event_kind(e), is_op_event(e)) for e in events]
+    assert without == with_type and ("aten::mm", "cpu_op", True) in without
+    assert ("fxtune.mark", "user_annotation", False) in without
+    runtime = SimpleNamespace(name="cudaLaunchKernel", is_user_annotation=False)
+    assert function_event_kind(runtime) == "cuda_runtime"

@@ -188,3 +188,32 @@ def test_a_candidate_whose_output_check_would_overrun_is_skipped(
         assert "skipped: checking its outputs" in (figures.reason or "")
     assert outcome.config.whole_model.name == "original"
     assert outcome.config.verification.passed
+
+
+def test_every_pass_under_a_peer_that_needs_no_compile_is_judged_with_the_peers() -> None:
+    """A CUDA graph is built in a second or two; with every pass under it, it goes with the
+    peers, as many as their checks fit in what is left (a compiled peer's does not count)."""
+    from types import SimpleNamespace
+
+    from tuner.tuning.budget import Budget
+
+    def cand(name: str, backend: str, passes: bool) -> SimpleNamespace:
+        return SimpleNamespace(name=name, backend=backend, passes=["p"] if passes else [])
+
+    first = [cand("cudagraph", "cudagraph", False), cand("inductor", "inductor", False)]
+    blind = [
+        cand("eager + every pass", "eager", True),
+        cand("cudagraph + every pass", "cudagraph", True),
+        cand("inductor + every pass", "inductor", True),
+    ]
+    run = SimpleNamespace(model_time_s=0.01, peer_notes=[], remaining=lambda: 60.0)
+    said: list[str] = []
+    chosen = Budget(run, None).uncompiled_with_passes(blind, first, lambda _f, m: said.append(m))  # type: ignore[arg-type]
+    assert [c.name for c in chosen] == ["cudagraph + every pass"]
+    assert run.peer_notes == [
+        "cudagraph + every pass needs no compile: it is judged with the peers"
+    ]
+    assert said == [f"peers: {run.peer_notes[0]}"]
+    run.remaining = lambda: 0.5  # not even its check fits
+    assert Budget(run, None).uncompiled_with_passes(blind, first, lambda _f, _m: None) == []  # type: ignore[arg-type]
+    assert Budget(run, None).uncompiled_with_passes(blind, first[1:], lambda _f, _m: None) == []  # type: ignore[arg-type]
