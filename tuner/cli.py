@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +27,23 @@ DeviceOpt = Annotated[
     Device,
     typer.Option(parser=Device.parse, metavar="DEVICE", help=f"{', '.join(KINDS)}; e.g. cuda:1"),
 ]
+
+
+# A run still going this long after its budget is stuck: its threads' stacks go to stderr (the
+# worker's stderr.log, whose last dump a stopped or timed-out job's error quotes).
+OVERRUN_DUMP_S = 60.0
+
+
+@contextlib.contextmanager
+def stacks_on_overrun(after_s: float) -> Iterator[None]:
+    if sys.__stderr__ is None:  # no file descriptor 2 to write to
+        yield
+        return
+    faulthandler.dump_traceback_later(after_s, file=sys.__stderr__)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def fail(exc: FxtuneError) -> typer.Exit:
@@ -214,7 +235,11 @@ def tune_cmd(
         )
         program = load_bounded(model, budget_s, options.device.kind, options.sizes)
         # The session (threads, work folder) outlives writing: the package is copied out of it.
-        with _progress_printer(progress_json) as say, tuning_session(options) as session:
+        with (
+            stacks_on_overrun(budget_s + OVERRUN_DUMP_S),
+            _progress_printer(progress_json) as say,
+            tuning_session(options) as session,
+        ):
             outcome = tune_program(program, session, say)
             write_outputs(outcome, out, report, profile=not no_profile, progress=say)
     except FxtuneError as exc:

@@ -336,7 +336,9 @@ class Worker:
 
 def _error(result: ChildResult) -> str:
     if result.cancelled:
-        return "the worker was stopped before the job finished"
+        stopped = "the worker was stopped before the job finished"
+        where = (result.error or "").partition("; ")[2]
+        return f"{stopped}; {where}" if where else stopped
     return result.error or f"tuner exited with status {result.returncode}"
 
 

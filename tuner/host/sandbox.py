@@ -362,10 +362,15 @@ def wait_child(
     code = sandbox.exit_status(proc.returncode)
     if code == 0 and not (timed_out or was_cancelled):
         return ChildResult(0, None)
-    if timed_out:
-        error = f"tuning timed out after {limits.wall_s:g}s and was killed"
-    elif was_cancelled:
-        error = "tuning was cancelled"
+    if timed_out or was_cancelled:
+        error = (
+            f"tuning timed out after {limits.wall_s:g}s and was killed"
+            if timed_out
+            else "tuning was cancelled"
+        )
+        stacks = overrun_stacks(_tail(workdir / "stderr.log"))
+        if stacks:
+            error += f"; where it was when it overran its budget: {stacks}"
     else:
         tail = _tail(workdir / "stderr.log")
         detail = error_line(redact(tail, len(tail) + len(REDACTED) * 64))
@@ -373,6 +378,19 @@ def wait_child(
         if detail and code < 0:
             error = f"tuner {_describe_exit(code)}: {detail}"
     return ChildResult(code, redact(error, MAX_ERROR_CHARS), timed_out, was_cancelled)
+
+
+STACKS_MARK = "(most recent call first)"
+
+
+def overrun_stacks(stderr_tail: str) -> str | None:
+    """The innermost frames of the last stack dump in a child's stderr (`fxtune tune` dumps its
+    threads' stacks when it overruns its budget by a minute: `tuner.cli`), on one line."""
+    at = stderr_tail.rfind(STACKS_MARK)
+    if at < 0:
+        return None
+    frames = [ln.strip() for ln in stderr_tail[at:].splitlines()[1:] if ln.strip()]
+    return " < ".join(frames[:8]) or None
 
 
 def run_child(

@@ -235,11 +235,15 @@ class Rounds:
 def _per_call_s(sampler: Sampler, fn: Callable[[], Any], target_s: float) -> float:
     """Seconds per call, from loops long enough (target_s / 5) that the timer's grain vanishes.
 
-    The least of three loops: a preempted calibration would shrink every later sample.
+    The least of three loops: a preempted calibration would shrink every later sample. Loops
+    are sized by the wall clock as well as the timer's: rounds and budgets are wall time, and a
+    clock that barely moves (CPU time of a call that waits) must not grow them without end.
     """
 
     def once(n: int) -> float:
-        return sampler.agree([sampler.sample(fn, n)])[0]
+        started = time.perf_counter()
+        timed = sampler.sample(fn, n)
+        return max(sampler.agree([timed, (time.perf_counter() - started) / n]))
 
     n = 1
     while True:

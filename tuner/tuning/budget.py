@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from tuner.backends import registry as backends
 from tuner.contract.config import Figures, Verdict
+from tuner.graph.sizes import SizePoint
 from tuner.measure.timing import fixed_threads, quick_per_call_s
 from tuner.search.site_search import Progress
 from tuner.tuning.candidates import Candidate
@@ -32,6 +33,11 @@ CHECK_CALLS = 20
 # one the prior was measured on still builds its peers).
 IN_PROCESS_MARGIN = 1.5
 STOPPABLE_SHARE = 0.5
+# Calls of the original and of a candidate, together, that a comparison at a further size needs
+# (each: one warm-up, three calibration loops, 8 rounds of one call): with the whole-model
+# budget alone, a size whose calls take a second fitted no round (distilbert_dyn at batch 64
+# beside two busy processes: every candidate "not measured" there, and the original shipped).
+SIZE_CALLS = 24
 # A head-to-head (`Judge.runoff`) gets up to this many whole-model timings.
 RUNOFF_SPAN = 3
 # Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation).
@@ -61,6 +67,17 @@ class Budget:
 
     def _nodes(self, cand: Candidate) -> int:
         return len(cand.transformed.gm.graph.nodes)
+
+    def size_timing_s(self, baseline: Callable[..., object], point: SizePoint) -> float:
+        """Seconds to give one comparison at a further size: the whole-model budget, or what
+        its rounds need where the original's calls there are slow (CPU: measured once per size
+        and run; elsewhere the budget alone)."""
+        run = self.run
+        if run.device.kind == "cpu" and point.label not in run.size_time_s:
+            with fixed_threads(run.options.threads):
+                run.size_time_s[point.label] = quick_per_call_s(lambda: baseline(*point.inputs))
+        needed = SIZE_CALLS * run.size_time_s.get(point.label, 0.0)
+        return max(MIN_TIMING_S, min(run.options.whole_model_budget_s, run.remaining()), needed)
 
     def check_wont_fit(self, left: float) -> str | None:
         """Why a candidate is not started: checking its outputs alone would overrun."""

@@ -81,15 +81,25 @@ class Judge:
         cand.package = built.package
         points = self.run.points
         per_size = []
+        baseline = self.kind.baseline(captured.gm)
         for i, point in enumerate(points or [SizePoint("example", {}, captured.inputs)]):
-            if i and self.run.remaining() < MIN_TIMING_S:
-                # Checking at a further size costs calls at that size (a batch of 64 can take
-                # seconds); unmeasured, the size runs another bucket's decision or the original.
-                fields = {"verdict": Verdict.NOT_MEASURED, "reason": OUT_OF_BUDGET}
+            timing_s = self.budget.size_timing_s(baseline, point) if i else None
+            if timing_s is not None and self.run.remaining() < timing_s:
+                # Checking and timing at a further size costs calls at that size (a batch of 64
+                # can take a second each); unmeasured, the size runs another bucket's decision
+                # or the original.
+                left = self.run.remaining()
+                reason = (
+                    OUT_OF_BUDGET
+                    if left < MIN_TIMING_S
+                    else f"timing at {point.label} needs about {timing_s:.0f} s and "
+                    f"{left:.0f} s of the time budget are left"
+                )
+                fields = {"verdict": Verdict.NOT_MEASURED, "reason": reason}
                 per_size.append(size_figures(point.label, point.sizes, fields))
                 continue
             at = captured.inputs if i == 0 else point.inputs
-            fields, c = self.at(captured.gm, at, cand, runner)
+            fields, c = self.at(captured.gm, at, cand, runner, timing_s)
             if c is not None:
                 suffix = f"@{point.label}" if i else ""
                 self.run.samples[f"model:{cand.name}{suffix}"] = {
@@ -107,9 +117,15 @@ class Judge:
         return Figures(**fig, **head, per_size=per_size)
 
     def at(
-        self, gm0: fx.GraphModule, inputs: Inputs, cand: Candidate, runner: Callable[..., Any]
+        self,
+        gm0: fx.GraphModule,
+        inputs: Inputs,
+        cand: Candidate,
+        runner: Callable[..., Any],
+        timing_s: float | None = None,
     ) -> tuple[dict[str, Any], Comparison | None]:
-        """Check and time a built candidate at one size: (figure fields, comparison or None)."""
+        """Check and time a built candidate at one size: (figure fields, comparison or None);
+        the comparison gets `timing_s` (default: the whole-model budget)."""
         pack = cand.transformed.pack
         try:
             wrong = self.kind.check(gm0, inputs, runner, pack)
@@ -124,7 +140,7 @@ class Judge:
             lambda: baseline(*inputs),
             lambda: candidate(*packed),
             device=self.run.device,
-            budget_s=self.run.timing_budget(),
+            budget_s=min(timing_s, self.run.remaining()) if timing_s else self.run.timing_budget(),
             clock=self.run.clock,
         )
         self.run.timed += 1

@@ -81,6 +81,7 @@ class TuningRun:
     timed: int = 0  # comparisons made, sites and whole-model candidates together
     points: list[SizePoint] = field(default_factory=list)  # the example size first, then more
     model_time_s: float | None = None  # the original's seconds per call (CPU)
+    size_time_s: dict[str, float] = field(default_factory=dict)  # the same at further sizes
     peer_notes: list[str] = field(default_factory=list)  # what the peers were expected to cost
     candidates: list[Candidate] = field(default_factory=list)  # every one judged, once judged
 

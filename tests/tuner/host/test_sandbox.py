@@ -392,3 +392,21 @@ def test_relayed_text_is_capped_and_the_callers_secrets_masked(tmp_path: Path) -
     unmasked: list[tuple[float, str]] = []
     run_child(cmd, Limits(wall_s=60), tmp_path, lambda p, m: unmasked.append((p, m)))
     assert token in unmasked[0][1]  # the control: without the caller's redactor it shows
+
+
+def test_a_stuck_childs_stacks_are_read_from_its_stderr() -> None:
+    """`fxtune tune` dumps its stacks a minute past its budget (faulthandler); a job stopped or
+    timed out after that says where the child was, innermost frame first."""
+    from tuner.host.sandbox import overrun_stacks
+
+    code = (
+        "import faulthandler, time\n"
+        "def stuck():\n"
+        "    time.sleep(3)\n"
+        "faulthandler.dump_traceback_later(0.3)\n"
+        "stuck()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    where = overrun_stacks("some warning\n" + done.stderr)
+    assert where is not None and where.startswith('File "<string>", line 3 in stuck'), where
+    assert overrun_stacks("an ordinary error\n") is None
