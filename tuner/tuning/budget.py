@@ -73,11 +73,19 @@ class Budget:
         its rounds need where the original's calls there are slow (CPU: measured once per size
         and run; elsewhere the budget alone)."""
         run = self.run
+        if run.remaining() < MIN_TIMING_S:  # nothing fits: no calls spent to learn by how much
+            return MIN_TIMING_S
         if run.device.kind == "cpu" and point.label not in run.size_time_s:
             with fixed_threads(run.options.threads):
                 run.size_time_s[point.label] = quick_per_call_s(lambda: baseline(*point.inputs))
         needed = SIZE_CALLS * run.size_time_s.get(point.label, 0.0)
         return max(MIN_TIMING_S, min(run.options.whole_model_budget_s, run.remaining()), needed)
+
+    def size_check_s(self, point: SizePoint) -> float:
+        """Seconds checking a candidate's outputs at a further size can take (its reference,
+        in float64 too, is made there by the first candidate checked), from the original's
+        calls there (`size_timing_s` measures them first)."""
+        return CHECK_CALLS * self.run.size_time_s.get(point.label, 0.0)
 
     def check_wont_fit(self, left: float) -> str | None:
         """Why a candidate is not started: checking its outputs alone would overrun."""

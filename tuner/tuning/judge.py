@@ -84,7 +84,8 @@ class Judge:
         baseline = self.kind.baseline(captured.gm)
         for i, point in enumerate(points or [SizePoint("example", {}, captured.inputs)]):
             timing_s = self.budget.size_timing_s(baseline, point) if i else None
-            if timing_s is not None and self.run.remaining() < timing_s:
+            needed = None if timing_s is None else timing_s + self.budget.size_check_s(point)
+            if needed is not None and self.run.remaining() < needed:
                 # Checking and timing at a further size costs calls at that size (a batch of 64
                 # can take a second each); unmeasured, the size runs another bucket's decision
                 # or the original.
@@ -92,7 +93,7 @@ class Judge:
                 reason = (
                     OUT_OF_BUDGET
                     if left < MIN_TIMING_S
-                    else f"timing at {point.label} needs about {timing_s:.0f} s and "
+                    else f"checking and timing at {point.label} need about {needed:.0f} s and "
                     f"{left:.0f} s of the time budget are left"
                 )
                 fields = {"verdict": Verdict.NOT_MEASURED, "reason": reason}
