@@ -106,6 +106,19 @@ def _read_results(n: fx.Node) -> set[int] | None:
     return read
 
 
+def _leaves_results_unread(nodes: Sequence[fx.Node]) -> bool:
+    """Whether a site's nodes or their inputs include an op with a result the graph does not
+    read: only then does its id differ from the one it had before (`Site.legacy_id`)."""
+    seen = {*nodes, *(a for n in nodes for a in n.all_input_nodes)}
+    for n in seen:
+        v = val(n)
+        if isinstance(v, (list, tuple)):
+            read = _read_results(n)
+            if read is not None and len(read) < len(v):
+                return True
+    return False
+
+
 def _describe_node(n: fx.Node, rename: Rename, read_only: bool) -> Any:
     v = val(n)
     read = _read_results(n) if read_only and isinstance(v, (list, tuple)) else None
@@ -198,6 +211,5 @@ def make_site(pass_name: str, nodes: Sequence[fx.Node], summary: str, **extra: A
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     names = tuple(n.name for n in sorted(nodes, key=order.__getitem__))
     site_id = structural_id(pass_name, nodes, read_only=True)
-    legacy = structural_id(pass_name, nodes)
-    legacy_id = legacy if legacy != site_id else None
+    legacy_id = structural_id(pass_name, nodes) if _leaves_results_unread(nodes) else None
     return Site(pass_name, site_id, names, summary, dict(extra), legacy_id=legacy_id)
