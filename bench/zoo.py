@@ -91,6 +91,8 @@ def tune_cli(path: Path, budget_s: float, work: Path) -> dict[str, Any]:
         "backend": config["backend"],
         "chosen": config["whole_model"]["name"],
         "aoti": report["artifacts"].get("aoti"),
+        "tuning_s": config["tuning"].get("seconds"),
+        "outputs_s": report.get("outputs_s"),
         "site_counts": config["tuning"].get("site_counts"),
         "load": config["tuning"].get("load"),
         "peers_note": config["tuning"].get("peers"),

@@ -51,7 +51,7 @@ import torch
 
 from tuner.host import failures
 from tuner.host.torch_compat import pytree
-from tuner.measure.inputs import cloned
+from tuner.measure.inputs import cloned, distinct_inputs, same_inputs
 
 # The float64 twin is skipped above this size (it needs twice the memory of float32).
 MAX_FLOAT64_BYTES = 2 << 30
@@ -242,6 +242,46 @@ def _leaves(out: Any) -> list[Any]:
     return pytree.tree_flatten(out)[0]
 
 
+Expected = tuple[list[Any], list[Any], list[Any] | None]  # first run, second run, float64
+
+
+class ReferenceMemo:
+    """The reference's outputs per distinct input set (run twice, and in float64 where it can
+    be), computed once and kept for as long as the memo: a tuning run keeps one for the
+    original, so its checks of candidates, its verification, its size buckets and their
+    dispatching program share one reference (one float64 twin, built on first use)."""
+
+    def __init__(self, reference: Callable[..., Any]) -> None:
+        self.reference = reference
+        self._twin: Callable[..., Any] | None = None
+        self._twin_state = "unbuilt"  # "built" or "failed" after the first input set
+        self._seen: list[tuple[tuple, Expected]] = []
+
+    def expected(self, inputs: tuple) -> Expected:
+        for seen, outputs in self._seen:
+            if same_inputs(seen, inputs):
+                return outputs
+        first = _leaves(self.reference(*cloned(inputs)))
+        second = _leaves(self.reference(*cloned(inputs)))
+        exact: list[Any] | None = None
+        twin = self._float64()
+        if twin is not None:
+            try:
+                exact = _leaves(twin(*cloned(inputs)))
+            except Exception as exc:
+                failures.fallback(exc, "the reference in float64", failures.anything)
+                self._twin, self._twin_state = None, "failed"
+        self._seen.append((inputs, (first, second, exact)))
+        return first, second, exact
+
+    def _float64(self) -> Callable[..., Any] | None:
+        if self._twin_state == "unbuilt":
+            with torch.inference_mode(False):  # the twin's parameters: not inference tensors
+                self._twin = float64_twin(self.reference)
+            self._twin_state = "built" if self._twin is not None else "failed"
+        return self._twin
+
+
 class ReferenceOutputs:
     """The reference's outputs on each input set, run twice (its own run-to-run spread) and in
     float64 where it can be, computed once; then any number of candidates are checked against
@@ -251,33 +291,35 @@ class ReferenceOutputs:
     the reference again for each (twice, plus a float64 twin several times slower) made the
     check cost more than the candidate: a whole-model check of EfficientNet-B0 took 65 s with
     other work on the cores. Each input set's figures are computed the first time a candidate
-    gets that far, so a candidate failing on the first set costs no more than before.
+    gets that far, so a candidate failing on the first set costs no more than before. An input
+    set equal to an earlier one is checked once (`distinct_inputs`); with a `memo` for the same
+    reference, input sets it has seen cost no reference run at all.
     """
 
-    def __init__(self, reference: Callable[..., Any], inputs_list: Sequence[tuple]) -> None:
+    def __init__(
+        self,
+        reference: Callable[..., Any],
+        inputs_list: Sequence[tuple],
+        memo: ReferenceMemo | None = None,
+    ) -> None:
         self.reference = reference
-        self.trials = list(inputs_list)
-        self._twin = float64_twin(reference)
-        self._expected: list[tuple[list[Any], list[Any], list[Any] | None]] = []
+        self.trials = distinct_inputs(list(inputs_list))
+        self.memo = memo if memo is not None and memo.reference is reference else None
+        self.memo = self.memo or ReferenceMemo(reference)
 
-    def _at(self, i: int) -> tuple[list[Any], list[Any], list[Any] | None]:
-        while len(self._expected) <= i:
-            inputs = self.trials[len(self._expected)]
-            first = _leaves(self.reference(*cloned(inputs)))
-            second = _leaves(self.reference(*cloned(inputs)))
-            exact: list[Any] | None = None
-            if self._twin is not None:
-                try:
-                    exact = _leaves(self._twin(*cloned(inputs)))
-                except Exception as exc:
-                    failures.fallback(exc, "the reference in float64", failures.anything)
-                    self._twin = None
-            self._expected.append((first, second, exact))
-        return self._expected[i]
+    def _at(self, i: int) -> Expected:
+        return self.memo.expected(self.trials[i])
 
     def check(self, candidate: Callable[..., Any]) -> str | None:
         """None when the candidate's outputs match on every input set; else the first
         difference."""
+        return self.check_with_errors(candidate)[0]
+
+    def check_with_errors(self, candidate: Callable[..., Any]) -> tuple[str | None, ErrorFigures]:
+        """`check`, and the error figures of the candidate's outputs against the reference's
+        first run on the input sets it ran (`error_figures`): one run of the candidate for
+        both."""
+        worst = ErrorFigures()
         with torch.inference_mode():
             for i, inputs in enumerate(self.trials):
                 first, second, exact = self._at(i)
@@ -285,11 +327,12 @@ class ReferenceOutputs:
                     got = _leaves(candidate(*cloned(inputs)))
                 except Exception as exc:
                     reason = failures.fallback(exc, "an output check: the candidate's run").reason
-                    return f"input set {i}: the candidate raised {reason}"
+                    return f"input set {i}: the candidate raised {reason}", worst
+                worst = worst.worst(error_figures(first, got))
                 reason = outputs_mismatch(first, second, exact, got)
                 if reason is not None:
-                    return f"input set {i}, {reason}"
-        return None
+                    return f"input set {i}, {reason}", worst
+        return None, worst
 
 
 def check_outputs(

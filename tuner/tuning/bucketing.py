@@ -22,7 +22,7 @@ from tuner.contract.device import Device
 from tuner.deploy.dispatch import dispatching_program
 from tuner.graph.sizes import SizePoint
 from tuner.host import failures
-from tuner.measure.equivalence import check_outputs
+from tuner.measure.equivalence import ReferenceMemo, ReferenceOutputs
 from tuner.measure.inputs import fresh_inputs
 from tuner.passes.apply import Transformed
 from tuner.search.across_sizes import combined_verdict
@@ -62,10 +62,12 @@ def bucketed(
     figures: list[Figures],
     chosen: str,
     device: Device,
+    memo: ReferenceMemo | None = None,
 ) -> Bucketed:
     """Size buckets where the per-size winners differ, each verified at the sizes measured
     inside it, and the dispatching program built and checked at every size; any failure
-    leaves one decision set for every size (the note says why)."""
+    leaves one decision set for every size (the note says why). The original's outputs come
+    from `memo` where the run has them."""
     if len(points) < 2:
         return Bucketed()
     if bucket_dim(captured.spec, points) is None:
@@ -79,7 +81,7 @@ def bucketed(
     outcomes: list[BucketOutcome] = []
     checks: list[Verification] = []
     for plan in plans:
-        outcome, check = _verify_bucket(program, captured, plan, by_name, device)
+        outcome, check = _verify_bucket(program, captured, plan, by_name, device, memo)
         outcomes.append(outcome)
         checks.append(check)
     trials = [p.inputs for p in points]
@@ -87,7 +89,7 @@ def bucketed(
         dispatch = dispatching_program(
             [o.bucket for o in outcomes], [o.tuned.gm for o in outcomes], captured.inputs
         )
-        wrong = check_outputs(captured.gm, dispatch.module(), trials)
+        wrong = ReferenceOutputs(captured.gm, trials, memo).check(dispatch.module())
     except Exception as exc:
         failure = failures.fallback(exc, "the dispatching program")
         wrong = f"{failure.type}: {failure.message[:300]}"
@@ -133,6 +135,7 @@ def _verify_bucket(
     plan: Plan,
     by_name: dict[str, tuple[Candidate, Figures]],
     device: Device,
+    memo: ReferenceMemo | None,
 ) -> tuple[BucketOutcome, Verification]:
     """A bucket's decision replayed from the original and its runner, both checked at the
     sizes measured inside the bucket; a bucket that fails runs the original instead."""
@@ -143,7 +146,7 @@ def _verify_bucket(
     cand, fig = by_name[plan.winner]
     trials = [t for p in plan.points for t in fresh_inputs(p.inputs, 2, seed=4321)]
     gm0 = captured.gm
-    replay, runner, check = replayed_and_checked(program, gm0, cand, trials, device)
+    replay, runner, check = replayed_and_checked(program, gm0, cand, trials, device, memo)
     wrong = check.reason
     if wrong is not None:
         check = check.model_copy(update={"reason": f"{plan.winner} at {plan.measured}: {wrong}"})

@@ -125,14 +125,17 @@ class InferenceStep:
         known = (r for at, r in self._references if at is inputs and r.reference is gm0)
         reference = next(known, None)
         if reference is None:
-            reference = ReferenceOutputs(gm0, [inputs, *fresh_inputs(inputs, 2)])
+            trials = [inputs, *fresh_inputs(inputs, 2)]
+            reference = ReferenceOutputs(gm0, trials, self.run.reference_memo(gm0))
             self._references.append((inputs, reference))
         return reference.check(lambda *a: runner(*pack(a)))
 
     def verify(
         self, program: ExportedProgram, captured: Captured, fig: Figures, chosen: Candidate
     ) -> Verified:
-        return verify_forward(program, captured, fig, chosen, self.run.points, self.run.device)
+        run = self.run
+        memo = run.reference_memo(captured.gm)
+        return verify_forward(program, captured, fig, chosen, run.points, run.device, memo)
 
     def finish(self, config: TunedConfig, captured: Captured, verified: Verified) -> TunedConfig:
         return config

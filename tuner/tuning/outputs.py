@@ -18,7 +18,7 @@ from tuner.backends.isolation import compile_aoti_in_child
 from tuner.contract.device import Device
 from tuner.contract.errors import FxtuneError
 from tuner.graph.capture import example_inputs, save_program, to_program
-from tuner.measure.equivalence import check_outputs, output_errors
+from tuner.measure.equivalence import ReferenceOutputs
 from tuner.measure.timing import quick_per_call_s
 from tuner.tuning.modes import step_kind_for
 from tuner.tuning.tuner import TuneOutcome, to_device
@@ -37,27 +37,41 @@ def write_outputs(
     device = Device.parse(config.hardware["device"])  # with its index: cuda:1 stays cuda:1
     replay = outcome.tuned  # the config replayed on the original, verified by the tuner
     inputs = tuple(to_device(x, device) for x in replay.inputs)
+    stages: dict[str, float] = {}
+    clock = time.monotonic()
     say(0.92, "exporting tuned program")
     if outcome.dispatch is not None:  # size buckets: one program, every bucket's graph in it
         save_program(outcome.dispatch, out)
     else:
         save_program(to_program(replay.gm, inputs), out)
+    clock = _lap(stages, "export", clock)
     artifacts: dict[str, Any] = {"program": _rel(out, report), "aoti": None, "traces": {}}
     if outcome.buckets:
         _bucket_packages(outcome, out, report, artifacts, say)
     elif config.backend == "inductor":
         _package(outcome, out, report, artifacts, say)
+    clock = _lap(stages, "package", clock)
     profiles = _profiles(outcome, out, report, artifacts, say) if profile else {}
+    _lap(stages, "profiles", clock)
     document = {
         "config": json.loads(config.to_json()),
         "profiles": profiles,
         "artifacts": artifacts,
         "samples": outcome.samples,
+        "outputs_s": stages,
     }
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps(document, indent=2))
     say(1.0, "done")
     return document
+
+
+def _lap(stages: dict[str, float], name: str, since: float) -> float:
+    """Records the seconds since `since` as step `name` of writing the outputs (the report's
+    `outputs_s`: what a run spent after tuning, which its budget must cover); returns now."""
+    now = time.monotonic()
+    stages[name] = round(now - since, 2)
+    return now
 
 
 def _package(
@@ -196,9 +210,9 @@ def _ships(
     def packaged(*args: Any) -> Any:
         return loaded(*pack(args))
 
-    wrong = check_outputs(original, packaged, trials)
+    wrong, errors = ReferenceOutputs(original, trials).check_with_errors(packaged)
     if wrong is None:
-        return output_errors(original, packaged, trials)[0]
+        return errors.max_abs
     path.unlink()
     refused.append(f"{path.name}: its outputs differ from the original's ({wrong})")
     return None

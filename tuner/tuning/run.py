@@ -26,6 +26,7 @@ from tuner.graph.shapes import ShapeSpec
 from tuner.graph.sizes import SizePoint
 from tuner.host.hardware import describe, hardware_key
 from tuner.host.load import CoreLoad, sample_load
+from tuner.measure.equivalence import ReferenceMemo
 from tuner.measure.timing import Clock, require_timing, timing_clock
 from tuner.passes.apply import Transformed
 from tuner.search.decisions import DecisionCache, open_decision_cache
@@ -84,6 +85,7 @@ class TuningRun:
     size_time_s: dict[str, float] = field(default_factory=dict)  # the same at further sizes
     peer_notes: list[str] = field(default_factory=list)  # what the peers were expected to cost
     candidates: list[Candidate] = field(default_factory=list)  # every one judged, once judged
+    references: ReferenceMemo | None = None  # the original's outputs (`reference_memo`)
 
     @classmethod
     def open(cls, options: TuneOptions) -> TuningRun:
@@ -106,6 +108,13 @@ class TuningRun:
             load=load,
             clock=timing_clock(device, hardware["threads"], load.shared),
         )
+
+    def reference_memo(self, gm0: Callable[..., Any]) -> ReferenceMemo:
+        """The original's outputs per input set, computed once in the run: its candidates'
+        checks, the verification, the size buckets and their dispatching program share them."""
+        if self.references is None or self.references.reference is not gm0:
+            self.references = ReferenceMemo(gm0)
+        return self.references
 
     def remaining(self) -> float:
         """Seconds left for tuning proper (the finishing share of the budget excluded)."""

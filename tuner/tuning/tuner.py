@@ -217,9 +217,9 @@ class Tuner:
         else:
             verified = self.kind.verify(program, captured, fig, chosen)
         try:
-            buckets = bucketed(
-                program, captured, run.points, run.candidates, figures, fig.name, run.device
-            )
+            memo = run.reference_memo(captured.gm)
+            points, cands, device = run.points, run.candidates, run.device
+            buckets = bucketed(program, captured, points, cands, figures, fig.name, device, memo)
         except Exception as exc:  # buckets only refine a verified decision: keep that one
             failure = failures.fallback(exc, "size buckets")
             buckets = Bucketed(note=f"not bucketed: {failure.type}: {failure.message[:300]}")

@@ -19,7 +19,7 @@ from tuner.contract.device import Device
 from tuner.deploy.replay import replay_steps
 from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
-from tuner.measure.equivalence import check_outputs, output_errors
+from tuner.measure.equivalence import ReferenceMemo, ReferenceOutputs
 from tuner.measure.inputs import fresh_inputs
 from tuner.passes.apply import Transformed
 from tuner.tuning.candidates import Candidate
@@ -55,18 +55,22 @@ def replayed_and_checked(
     cand: Candidate,
     trials: list[Inputs],
     device: Device,
+    memo: ReferenceMemo | None = None,
 ) -> tuple[Transformed, Callable[..., Any], Verification]:
     """`cand` replayed from the original (what `apply_config` gives) and its runner, both
-    checked against `gm0` on `trials`; the reason is why they differ, None when they agree."""
+    checked against `gm0` on `trials` (its outputs from `memo` where it has them); the reason
+    is why they differ, None when they agree."""
     replay = replay_steps(program, cand.passes)
     replay.gm.to(device.torch_device)
     runner = cand.runner if cand.runner is not None else replay.gm
-    wrong = check_outputs(gm0, lambda *a: replay.gm(*replay.pack(a)), trials)
-    if wrong is None:
-        wrong = check_outputs(gm0, lambda *a: runner(*replay.pack(a)), trials)
-    abs_err, rel_err = output_errors(gm0, lambda *a: runner(*replay.pack(a)), trials)
+    reference = ReferenceOutputs(gm0, trials, memo)  # the original's outputs, once for both
+    wrong = reference.check(lambda *a: replay.gm(*replay.pack(a)))
+    runner_wrong, (abs_err, rel_err) = reference.check_with_errors(
+        lambda *a: runner(*replay.pack(a))
+    )
+    wrong = wrong or runner_wrong
     check = Verification(
-        inputs=len(trials),
+        inputs=len(reference.trials),
         max_abs_error=abs_err,
         max_rel_error=rel_err,
         passed=wrong is None,
@@ -82,6 +86,7 @@ def verify_forward(
     chosen: Candidate,
     points: list[SizePoint],
     device: Device,
+    memo: ReferenceMemo | None = None,
 ) -> Verified:
     """The config replayed from the original (eager) and the chosen runner must both match
     the original, at the example's size and every further size tuned at; else the original
@@ -90,7 +95,7 @@ def verify_forward(
     for point in points[1:]:
         trials += fresh_inputs(point.inputs, 1, seed=1234)
     replay, runner, verification = replayed_and_checked(
-        program, captured.gm, chosen, trials, device
+        program, captured.gm, chosen, trials, device, memo
     )
     wrong = verification.reason
     if wrong is not None:

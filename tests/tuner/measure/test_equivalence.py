@@ -226,3 +226,62 @@ def test_state_nan_inf_is_checked_as_outputs_are() -> None:
     assert leaf_mismatch(ref, ref, None, ref.clone(), PER_TENSOR) is None
     stray = torch.tensor([float("inf"), float("nan"), 2.0])
     assert "where the reference is finite" in str(leaf_mismatch(ref, ref, None, stray, PER_TENSOR))
+
+
+class Counted(nn.Module):
+    """Counts its calls, so a test can see how often the reference ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.table = nn.Embedding(50, 8)
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.table(ids).sum(1) * x
+
+
+def test_fresh_variants_of_integer_inputs_are_checked_once() -> None:
+    """Token ids are kept by `fresh_inputs`: their variants are the recorded inputs again, so
+    a text model's three input sets were one, checked three times."""
+    from tuner.measure.inputs import distinct_inputs, fresh_inputs
+
+    ids = torch.randint(0, 50, (4, 6))
+    text = (ids, torch.ones(4, 1, dtype=torch.long))
+    assert len(distinct_inputs([text, *fresh_inputs(text, 2)])) == 1
+    mixed = (ids, torch.ones(4, 1))
+    assert len(distinct_inputs([mixed, *fresh_inputs(mixed, 2)])) == 3
+    other = (ids.flip(0), torch.ones(4, 1, dtype=torch.long))
+    assert len(distinct_inputs([text, other, text])) == 2
+    assert len(distinct_inputs([text, (ids, torch.ones(4, 1))])) == 2  # another dtype
+
+
+def test_a_memo_runs_the_reference_once_per_input_set_across_checks() -> None:
+    """A tuning run's checks, its verification and its buckets share the original's outputs
+    (`ReferenceMemo`): an input set seen before costs no reference run; a new one costs the
+    two runs (and the float64 twin's, on a copy) once; a wrong candidate is still caught."""
+    model = Counted()
+    ids = torch.randint(0, 50, (4, 6))
+    one, two = (ids, torch.rand(4, 1)), (ids, torch.rand(4, 1))
+    memo = equivalence.ReferenceMemo(model)
+    assert equivalence.ReferenceOutputs(model, [one], memo).check(model) is None
+    assert model.calls == 2 + 1  # the reference twice, the candidate once (twin: a copy)
+    same = (one[0].clone(), one[1].clone())  # equal values, other tensors
+    reference = equivalence.ReferenceOutputs(model, [same, two], memo)
+    assert reference.check(lambda i, x: model(i, x) * 1.001) is not None
+    assert model.calls == 3 + 1  # the seen set cost no reference run; the candidate failed
+    assert reference.check(model) is None
+    assert model.calls == 4 + 2 + 2  # the new set: the reference twice, the candidate twice
+    unrelated = equivalence.ReferenceOutputs(lambda i, x: model(i, x), [one], memo)
+    assert unrelated.memo is not memo  # a memo serves only its own reference
+
+
+def test_check_with_errors_gives_the_figures_output_errors_gives() -> None:
+    trials = [(torch.linspace(-2, 2, 9),), (torch.linspace(0, 3, 9),)]
+    reference = equivalence.ReferenceOutputs(lambda x: x * 4, trials)
+    wrong, figures = reference.check_with_errors(lambda x: x * 4 + 0.5)
+    assert wrong is not None and wrong.startswith("input set 0")
+    assert figures == output_errors(lambda x: x * 4, lambda x: x * 4 + 0.5, trials[:1])
+    right, figures = reference.check_with_errors(lambda x: x * 4 + 1e-7)
+    assert right is None
+    assert figures == output_errors(lambda x: x * 4, lambda x: x * 4 + 1e-7, trials)
