@@ -124,7 +124,9 @@ def test_cli_tune_writes_program_and_report(tmp_path: Path) -> None:
     progress = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert progress[-1]["progress"] == 1.0
     doc = json.loads(report.read_text())
-    assert set(doc) >= {"config", "profiles", "artifacts", "samples"}
+    assert set(doc) >= {"config", "profiles", "artifacts", "samples", "outputs_s"}
+    assert set(doc["outputs_s"]) == {"export", "package", "profiles"}  # each step's seconds
+    assert doc["outputs_s"]["profiles"] > 0
     assert doc["artifacts"]["program"] == "tuned.pt2"
     assert set(doc["profiles"]) == {"baseline", "tuned"}
     assert (report.parent / doc["artifacts"]["traces"]["baseline"]).exists()
