@@ -27,6 +27,7 @@ from tuner.host.sandbox import (
     physical_memory_bytes,
     resolve_sandbox,
     run_child,
+    with_stacks,
 )
 from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
 from worker.config import WorkerSettings
@@ -336,9 +337,7 @@ class Worker:
 
 def _error(result: ChildResult) -> str:
     if result.cancelled:
-        stopped = "the worker was stopped before the job finished"
-        where = (result.error or "").partition("; ")[2]
-        return f"{stopped}; {where}" if where else stopped
+        return with_stacks("the worker was stopped before the job finished", result.stacks)
     return result.error or f"tuner exited with status {result.returncode}"
 
 

@@ -28,7 +28,7 @@ def check_service(job: dict[str, Any], row: Row) -> None:
     from service.launch import serve_process
     from tuner.deploy.client import FxtuneClientWarning, load_tuned
     from tuner.host.sandbox import bwrap_works
-    from tuner.measure.equivalence import check_outputs, output_errors
+    from tuner.measure.equivalence import ReferenceOutputs
 
     model = job["service_model"]
     device = Device.parse(job["device"])
@@ -87,8 +87,7 @@ def check_service(job: dict[str, Any], row: Row) -> None:
 
     original = on_device(load_program(built.path), device.torch_device).module()
     trials = [tuple(to_device(x, device) for x in t) for t in built.trials]
-    mismatch = check_outputs(original, tuned, trials)
-    abs_err, _ = output_errors(original, tuned, trials)
+    mismatch, (abs_err, _) = ReferenceOutputs(original, trials).check_with_errors(tuned)
     row.data["status"] = (
         f"load_tuned warned: {'; '.join(fallbacks)[:300]}"
         if fallbacks

@@ -339,3 +339,17 @@ def test_a_result_the_service_failed_to_check_is_retried(status: int, retry: boo
     assert worker._complete(job, {}).status == "failed"
     ((error, retryable),) = client.failed
     assert retryable is retry and f"{status} why" in error
+
+
+def test_a_stopped_job_says_where_its_tuner_was_when_it_overran() -> None:
+    """A worker stopped mid-job reports its own reason, plus the tuner's stack dump when it had
+    overrun its budget (`ChildResult.stacks`), and only that reason when it had not."""
+    from worker.loop import _error
+
+    stuck = ChildResult(-9, "tuning was cancelled; ...", cancelled=True, stacks='File "a.py" < b')
+    assert _error(stuck) == (
+        "the worker was stopped before the job finished; where it was when it overran its "
+        'budget: File "a.py" < b'
+    )
+    plain = ChildResult(-9, "tuning was cancelled", cancelled=True)
+    assert _error(plain) == "the worker was stopped before the job finished"

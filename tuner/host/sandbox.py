@@ -224,6 +224,7 @@ class ChildResult:
     error: str | None
     timed_out: bool = False
     cancelled: bool = False
+    stacks: str | None = None  # where a stopped child was, once it overran (`overrun_stacks`)
 
     @property
     def ok(self) -> bool:
@@ -363,24 +364,29 @@ def wait_child(
     if code == 0 and not (timed_out or was_cancelled):
         return ChildResult(0, None)
     if timed_out or was_cancelled:
-        error = (
+        stopped = (
             f"tuning timed out after {limits.wall_s:g}s and was killed"
             if timed_out
             else "tuning was cancelled"
         )
         stacks = overrun_stacks(_tail(workdir / "stderr.log"))
-        if stacks:
-            error += f"; where it was when it overran its budget: {stacks}"
-    else:
-        tail = _tail(workdir / "stderr.log")
-        detail = error_line(redact(tail, len(tail) + len(REDACTED) * 64))
-        error = detail if detail and code > 0 else f"tuner {_describe_exit(code)}"
-        if detail and code < 0:
-            error = f"tuner {_describe_exit(code)}: {detail}"
-    return ChildResult(code, redact(error, MAX_ERROR_CHARS), timed_out, was_cancelled)
+        stacks = redact(stacks, MAX_ERROR_CHARS) if stacks else None
+        error = with_stacks(stopped, stacks)
+        return ChildResult(code, redact(error, MAX_ERROR_CHARS), timed_out, was_cancelled, stacks)
+    tail = _tail(workdir / "stderr.log")
+    detail = error_line(redact(tail, len(tail) + len(REDACTED) * 64))
+    error = detail if detail and code > 0 else f"tuner {_describe_exit(code)}"
+    if detail and code < 0:
+        error = f"tuner {_describe_exit(code)}: {detail}"
+    return ChildResult(code, redact(error, MAX_ERROR_CHARS))
 
 
 STACKS_MARK = "(most recent call first)"
+
+
+def with_stacks(message: str, stacks: str | None) -> str:
+    """`message`, and where the child was when it overran its budget, if it dumped that."""
+    return f"{message}; where it was when it overran its budget: {stacks}" if stacks else message
 
 
 def overrun_stacks(stderr_tail: str) -> str | None:

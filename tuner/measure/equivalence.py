@@ -254,7 +254,7 @@ class ReferenceMemo:
     def __init__(self, reference: Callable[..., Any]) -> None:
         self.reference = reference
         self._twin: Callable[..., Any] | None = None
-        self._twin_state = "unbuilt"  # "built" or "failed" after the first input set
+        self._twin_tried = False  # the twin is built once, on the first input set
         self._seen: list[tuple[tuple, Expected]] = []
 
     def expected(self, inputs: tuple) -> Expected:
@@ -270,15 +270,15 @@ class ReferenceMemo:
                 exact = _leaves(twin(*cloned(inputs)))
             except Exception as exc:
                 failures.fallback(exc, "the reference in float64", failures.anything)
-                self._twin, self._twin_state = None, "failed"
+                self._twin = None
         self._seen.append((inputs, (first, second, exact)))
         return first, second, exact
 
     def _float64(self) -> Callable[..., Any] | None:
-        if self._twin_state == "unbuilt":
+        if not self._twin_tried:
+            self._twin_tried = True
             with torch.inference_mode(False):  # the twin's parameters: not inference tensors
                 self._twin = float64_twin(self.reference)
-            self._twin_state = "built" if self._twin is not None else "failed"
         return self._twin
 
 
@@ -304,8 +304,8 @@ class ReferenceOutputs:
     ) -> None:
         self.reference = reference
         self.trials = distinct_inputs(list(inputs_list))
-        self.memo = memo if memo is not None and memo.reference is reference else None
-        self.memo = self.memo or ReferenceMemo(reference)
+        own = memo is not None and memo.reference is reference
+        self.memo = memo if own else ReferenceMemo(reference)
 
     def _at(self, i: int) -> Expected:
         return self.memo.expected(self.trials[i])
