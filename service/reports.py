@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from service.store import Profile, TuningResult
 from tuner.contract.config import TunedConfig
 from tuner.contract.errors import UnsupportedDeviceError
-from tuner.host.hardware import hardware_key
+from tuner.contract.hardware import hardware_key
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024
 PROFILE_KINDS = ("baseline", "tuned")

@@ -102,7 +102,9 @@ def test_no_import_circles() -> None:
     assert circles == []
 
 
-@pytest.mark.parametrize("module", ["tuner.contract.config", "tuner.contract.errors"])
+@pytest.mark.parametrize(
+    "module", ["tuner.contract.config", "tuner.contract.errors", "tuner.contract.hardware"]
+)
 def test_the_contract_imports_without_torch(module: str) -> None:
     import subprocess
     import sys

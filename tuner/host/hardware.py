@@ -1,4 +1,4 @@
-"""What a measurement was taken on: decisions only transfer between identical hardware keys."""
+"""What a measurement was taken on (its key, `hardware_key`, lives in the torch-free contract)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Any
 import torch
 
 from tuner.contract.device import Device
+from tuner.contract.hardware import hardware_key
+
+__all__ = ["describe", "hardware_key"]
 
 
 def _cpu_name() -> str:
@@ -34,9 +37,3 @@ def describe(device: Device) -> dict[str, Any]:
         "torch": torch.__version__.split("+")[0],
         "threads": torch.get_num_threads(),
     }
-
-
-def hardware_key(hw: dict[str, Any]) -> str:
-    """The kind, not the index: decisions measured on one GPU hold on an identical one."""
-    kind = Device.parse(hw["device"]).kind
-    return f"{kind}|{hw['name']}|torch{hw['torch']}|t{hw['threads']}"
