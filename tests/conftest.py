@@ -162,11 +162,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Under xdist, a `serial` test runs with no other test beside it (tests/parallel.py)."""
-    folder = parallel.lock_folder(item.config)
-    if folder is None:
+    turns = _turns(item.config)
+    if turns is None:
         return (yield)
-    with parallel.turn(folder, serial=item.get_closest_marker("serial") is not None):
+    serial = item.get_closest_marker("serial") is not None
+    next_serial = nextitem is not None and nextitem.get_closest_marker("serial") is not None
+    with turns.turn(item.nodeid, serial, next_serial):
         return (yield)
+
+
+_TURNS = pytest.StashKey[parallel.Turns | None]()
+
+
+def _turns(config: pytest.Config) -> parallel.Turns | None:
+    """This worker's turns (None outside xdist), made on first use."""
+    if _TURNS not in config.stash:
+        folder = parallel.lock_folder(config)
+        timeline = os.environ.get("FXTUNE_TEST_TIMELINE")
+        config.stash[_TURNS] = (
+            None if folder is None else parallel.Turns(folder, Path(timeline) if timeline else None)
+        )
+    return config.stash[_TURNS]
 
 
 @pytest.fixture(scope="session")

@@ -9,13 +9,21 @@ built once. Two rules on top, applied by tests/conftest.py:
   speed verdict, which a compile on the other core would make flaky. Every test holds a shared
   lock from its setup to its teardown (so a module fixture built for it is covered); a serial
   test holds it exclusively. A turnstile taken before the shared lock keeps a waiting serial
-  test from being starved by the other workers' stream of tests.
+  test from being starved by the other workers' stream of tests. A worker keeps the exclusive
+  lock from one serial test to the next when they follow each other in its queue: the others
+  wait once for the run, not once per test (each wait lasts until their current test ends).
+
+`FXTUNE_TEST_TIMELINE=FILE` appends one JSON line per test (worker, test, serial, when it asked
+for its turn, got it and ended): where the suite's wall time goes, and how long workers waited.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,18 +46,55 @@ def _locked(path: Path, mode: int) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _exclusive(folder: Path) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    stack.enter_context(_locked(folder / "fxtune-tests.turnstile", fcntl.LOCK_EX))
+    stack.enter_context(_locked(folder / "fxtune-tests.lock", fcntl.LOCK_EX))
+    return stack
+
+
 @contextlib.contextmanager
 def turn(folder: Path, serial: bool) -> Iterator[None]:
     """Hold the run's lock in `folder` for one test: exclusively for a serial one."""
-    room, turnstile = folder / "fxtune-tests.lock", folder / "fxtune-tests.turnstile"
     if serial:
-        with _locked(turnstile, fcntl.LOCK_EX), _locked(room, fcntl.LOCK_EX):
+        with _exclusive(folder):
             yield
         return
     with contextlib.ExitStack() as stack:
-        with _locked(turnstile, fcntl.LOCK_EX):
-            stack.enter_context(_locked(room, fcntl.LOCK_SH))
+        with _locked(folder / "fxtune-tests.turnstile", fcntl.LOCK_EX):
+            stack.enter_context(_locked(folder / "fxtune-tests.lock", fcntl.LOCK_SH))
         yield
+
+
+class Turns:
+    """One worker's turns: like `turn`, but a serial test followed by another serial test keeps
+    the exclusive lock for it."""
+
+    def __init__(self, folder: Path, timeline: Path | None = None) -> None:
+        self.folder = folder
+        self.timeline = timeline
+        self._held: contextlib.ExitStack | None = None
+
+    @contextlib.contextmanager
+    def turn(self, test: str, serial: bool, next_serial: bool) -> Iterator[None]:
+        asked = time.time()
+        with contextlib.ExitStack() as shared:
+            if serial and self._held is None:
+                self._held = _exclusive(self.folder)
+            elif not serial:
+                shared.enter_context(turn(self.folder, serial=False))
+            got = time.time()
+            try:
+                yield
+            finally:
+                if serial and not next_serial and self._held is not None:
+                    self._held.close()
+                    self._held = None
+        if self.timeline is not None:
+            line = {"worker": os.getpid(), "test": test, "serial": serial}
+            line.update(asked=asked, got=got, ended=time.time())
+            with self.timeline.open("a") as f:
+                f.write(json.dumps(line) + "\n")
 
 
 def lock_folder(config: pytest.Config) -> Path | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import slow_files_first, turn
+from tests.parallel import Turns, slow_files_first, turn
 
 
 def _holds(folder: Path, serial: bool, entered: threading.Event, leave: threading.Event) -> None:
@@ -42,6 +43,30 @@ def test_tests_share_the_machine_and_a_serial_one_waits_for_it_alone(tmp_path: P
     leave_alone.set()
     assert late.wait(5)
     leave_late.set()
+
+
+def test_a_run_of_serial_tests_keeps_the_machine_until_its_last_and_is_timed(
+    tmp_path: Path,
+) -> None:
+    timeline = tmp_path / "timeline.jsonl"
+    turns = Turns(tmp_path, timeline)
+    with turns.turn("first", serial=True, next_serial=True):
+        pass
+    other, leave_other = _start(tmp_path, serial=False)
+    assert not other.wait(0.5)  # between the two serial tests the machine stays taken
+    with turns.turn("second", serial=True, next_serial=False):
+        pass
+    assert other.wait(5)  # released after the last of the run
+    with turns.turn("ordinary", serial=False, next_serial=False):
+        pass  # an ordinary test beside the other ordinary one
+    leave_other.set()
+    lines = [json.loads(line) for line in timeline.read_text().splitlines()]
+    assert [(t["test"], t["serial"]) for t in lines] == [
+        ("first", True),
+        ("second", True),
+        ("ordinary", False),
+    ]
+    assert all(t["asked"] <= t["got"] <= t["ended"] for t in lines)
 
 
 @dataclass
