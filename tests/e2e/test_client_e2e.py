@@ -96,6 +96,9 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuned]:
         FXTUNE_WORKER_TUNE_COMMAND=TUNE,
         FXTUNE_WORKER_POLL_S="0.2",
         FXTUNE_TUNE_CACHE=str(root / "decisions.json"),
+        # Each check (two uploads, two results) starts its own child: a warm checker started
+        # ahead would add one more sandboxed Python importing torch per service, never used.
+        FXTUNE_WARM_CHECKERS="0",
     )
     log = root / "serve.log"
     with (

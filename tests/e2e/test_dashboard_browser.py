@@ -25,6 +25,11 @@ pytestmark = pytest.mark.e2e
 
 TUNE = json.dumps([sys.executable, "-m", "fxtune_cli", "tune", "--backend", "eager"])
 TOKEN = "browser-s3cret"
+# Not about the warm checkers: each check starts its own child, instead of one more sandboxed
+# Python importing torch started ahead per service and left waiting. An upload's check then
+# starts with the upload, so the waits for its answer allow more than Playwright's 30 s.
+COLD_CHECKS = "0"
+UPLOADED_MS = 120_000
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +126,7 @@ def test_upload_follow_and_inspect_in_chromium(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_WORKER_TUNE_COMMAND=TUNE,
         FXTUNE_TUNE_CACHE=str(tmp_path / "decisions.json"),  # measure for real, not from ~/.cache
+        FXTUNE_WARM_CHECKERS=COLD_CHECKS,
     )
     page = tab.page
     with serve_process(env, tmp_path / "serve.log", "--embedded-worker") as url:
@@ -128,7 +134,7 @@ def test_upload_follow_and_inspect_in_chromium(
         assert "No tuned models yet" in page.inner_text("main")
         watch_job_statuses(page)
         upload_through_form(page, program[0], "tiny-browser")
-        page.wait_for_selector("#upload-result:has-text('job #')")
+        page.wait_for_selector("#upload-result:has-text('job #')", timeout=UPLOADED_MS)
         row = page.locator("#jobs-table tr[data-job-id]").first
         row.locator(".badge.succeeded").wait_for(timeout=120_000)
         assert row.get_attribute("data-status") == "succeeded"
@@ -218,7 +224,11 @@ def check_downloads(tab: Tab, module: torch.nn.Module, tmp_path: Path) -> None:
 def test_upload_with_a_token_from_the_header_form(
     tab: Tab, program: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:
-    env = fxtune_env(FXTUNE_DATA_DIR=str(tmp_path / "data"), FXTUNE_API_TOKEN=TOKEN)
+    env = fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_API_TOKEN=TOKEN,
+        FXTUNE_WARM_CHECKERS=COLD_CHECKS,
+    )
     page = tab.page
     with serve_process(env, tmp_path / "serve.log") as url:
         page.goto(url + "/")
@@ -231,7 +241,7 @@ def test_upload_with_a_token_from_the_header_form(
         page.click("#token-form button[type=submit]")
         page.wait_for_selector("#token-state:has-text('token set')")
         upload_through_form(page, program[0], "with-token")
-        page.wait_for_selector("#upload-result:has-text('job #')")
+        page.wait_for_selector("#upload-result:has-text('job #')", timeout=UPLOADED_MS)
         jobs = httpx.get(f"{url}/api/v1/jobs", headers={"Authorization": f"Bearer {TOKEN}"})
         assert [j["status"] for j in jobs.json()] == ["queued"]
         assert page.locator("#jobs-table tr[data-job-id]").count() == 1

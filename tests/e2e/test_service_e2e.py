@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from service.launch import serve_process
+from tests.service.fakes import write_result
 from tests.service.helpers import (
     REPO,
     children,
@@ -37,6 +38,10 @@ pytestmark = pytest.mark.e2e
 
 # Only the eager backend keeps each real tuning run to seconds on a 2-core CI box.
 TUNE = json.dumps([sys.executable, "-m", "fxtune_cli", "tune", "--backend", "eager"])
+# None of these tests is about the warm checkers (tests/e2e/test_signals.py,
+# tests/service/test_warm_checkers.py are): each check starts its own child, instead of a child
+# per check plus one started ahead and left waiting (a sandboxed Python importing torch).
+COLD_CHECKS = "0"
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +82,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_DATABASE_URL=db,
         FXTUNE_WORKER_TUNE_COMMAND=TUNE,
+        FXTUNE_WARM_CHECKERS=COLD_CHECKS,
     )
 
 
@@ -153,6 +159,7 @@ def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_pat
         FXTUNE_REAP_INTERVAL_S="1",
         FXTUNE_RETRY_BACKOFF_S="0",
         FXTUNE_WORKER_TUNE_COMMAND=TUNE,
+        FXTUNE_WARM_CHECKERS=COLD_CHECKS,
     )
     with serve_process(env, tmp_path / "serve.log") as url:
         job_id = upload(url, programs["good"], tune="true", budget_s="5").json()["job"]["id"]
@@ -184,6 +191,26 @@ def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_pat
         assert len(configs) == 1 and configs[0]["job_id"] == job_id
 
 
+# One racing worker (`python -c RACER URL WORKER_ID FILES`): claim and complete with the trivial
+# result in FILES (JSON: part name to path, written once by the test) until the queue is empty,
+# then print the ids of the jobs it completed as a JSON list. A racer that wrote its own result
+# (`write_result`) would import torch to fingerprint the program: seconds of CPU for each.
+RACER = """
+import json, sys
+from pathlib import Path
+from tests.service.fakes import HARDWARE
+from worker.client import ServiceClient
+
+client = ServiceClient(sys.argv[1], None)
+files = {name: Path(path) for name, path in json.loads(sys.argv[3]).items()}
+done = []
+while (job := client.claim(sys.argv[2], "cpu", HARDWARE)) is not None:
+    client.complete(job, files)
+    done.append(job.job_id)
+print(json.dumps(done))
+"""
+
+
 @pytest.fixture
 def race_env(postgres: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
     # This tests the queue, with planted models that have no upload: results go unchecked
@@ -192,6 +219,7 @@ def race_env(postgres: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_DATABASE_URL=postgres.new_database(),
         FXTUNE_RESULT_CHECK="none",
+        FXTUNE_WARM_CHECKERS=COLD_CHECKS,  # nothing is uploaded: no check at all
     )
 
 
@@ -213,19 +241,13 @@ def test_four_workers_race_over_200_jobs_on_postgresql(
         model, _ = store.add_model(f"{i:064x}", f"m{i}", 1, fingerprint)
         queued.add(store.enqueue_job(model.id, "cpu", None)[0].id)
     engine.dispose()
+    result = write_result(tmp_path / "result", programs["good"])  # names the upload's fingerprint
+    files = json.dumps({name: str(path) for name, path in result.items()})
 
     with serve_process(race_env, tmp_path / "serve.log") as url:
         racers = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.e2e.race_worker",
-                    url,
-                    f"racer{i}",
-                    str(programs["good"]),
-                    str(tmp_path / f"racer{i}"),
-                ],
+                [sys.executable, "-c", RACER, url, f"racer{i}", files],
                 cwd=REPO,
                 env=race_env,
                 stdout=subprocess.PIPE,
@@ -260,6 +282,7 @@ def test_serve_with_an_embedded_worker(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_WORKER_TUNE_COMMAND=json.dumps([sys.executable, "-m", "tests.worker.fake_tune"]),
         FXTUNE_WORKER_POLL_S="0.2",
+        FXTUNE_WARM_CHECKERS=COLD_CHECKS,
         **({"FXTUNE_API_TOKEN": token} if token else {}),
     )
     auth = {"Authorization": f"Bearer {token}"} if token else {}

@@ -101,7 +101,13 @@ def test_a_worker_that_cannot_start_stops_the_service_with_its_code(tmp_path: Pa
     on serving: the upload's job stayed queued until the client gave up. A worker without its
     device (XLA here, where torch_xla is not installed) must stop the service, with its code."""
     port = free_port()
-    env = fxtune_env(FXTUNE_DATA_DIR=str(tmp_path / "data"), FXTUNE_WORKER_SANDBOX=SANDBOX)
+    # No upload here: a warm checker (a sandboxed child importing torch) would be started only
+    # to be killed when the worker's exit stops the service.
+    env = fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_WORKER_SANDBOX=SANDBOX,
+        FXTUNE_WARM_CHECKERS="0",
+    )
     cmd = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port),
            "--embedded-worker", "--worker-device", "xla"]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)

@@ -20,6 +20,7 @@ from service.core.config import Settings
 from service.db.models import utcnow
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
+from tests.service.in_process_checks import in_process_checks
 from tuner.contract.exit_codes import ExitCode
 from tuner.host.sandbox import ChildResult
 from worker.client import Assignment, ServiceClient, _raise_for
@@ -46,6 +47,10 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """The service, its upload and result checks run in this process
+    (tests/service/in_process_checks.py): these tests are about the worker, not the sandboxed
+    checking child (tested by tests/service and the end-to-end tests), which costs a Python
+    importing torch per upload and per result."""
     settings = Settings(
         data_dir=tmp_path / "data",
         database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
@@ -53,7 +58,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Any]]:
         max_attempts=2,
         retry_backoff_s=0,
     )
-    with thread_server(settings) as live:
+    with thread_server(settings, checks=in_process_checks) as live:
         yield live
 
 
@@ -76,7 +81,7 @@ def submit(url: str, program: Path) -> dict[str, Any]:
             f"{url}/api/v1/models",
             files={"file": f},
             data={"tune": "true", "budget_s": "3"},
-            timeout=60,  # the upload's check starts a child that imports torch: 5 s under load
+            timeout=60,  # the upload is checked (a program load) before the answer
         )
     resp.raise_for_status()
     return resp.json()

@@ -8,10 +8,10 @@ control: the marker file appears), then refused by fxtune's loader and by `fxtun
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
-import tempfile
-import time
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -63,49 +63,105 @@ def test_fxtune_refuses_each_route_before_torch_sees_it(
     assert not marker.exists()
 
 
-def _fxtune(*args: str) -> tuple[subprocess.CompletedProcess[str], float, int]:
-    """Run `fxtune ARGS`; also its wall time and its own peak resident memory (KiB).
-
-    The peak is the process's VmHWM, written at exit: getrusage's ru_maxrss survives exec, so
-    after subprocess's vfork it reported the (large) pytest parent's peak on CI.
+SitesRun = tuple[subprocess.CompletedProcess[str], float, int, bool]
+# `fxtune sites FILE` for every file, each in a process of its own forked from one that has
+# imported what the command imports (torch: about 3 s of CPU a process, paid once here, its time
+# added to each run's wall time). A forked run starts with that process's memory, so its peak
+# resident memory counts torch's import as a fresh `fxtune sites` does.
+SITES = textwrap.dedent(
     """
-    with tempfile.TemporaryDirectory() as scratch:
-        peak_file = Path(scratch) / "peak"
-        code = (
-            "import atexit\n"
-            "def _peak():\n"
-            "    status = open('/proc/self/status').read()\n"
-            f"    open({str(peak_file)!r}, 'w').write(status.split('VmHWM:')[1].split()[0])\n"
-            "atexit.register(_peak)\n"
-            "from fxtune_cli import main\n"
-            "main()\n"
-        )
-        cmd = [sys.executable, "-c", code, *args]
+    import json, os, sys, time, traceback
+    started = time.monotonic()
+    import torch
+    import fxtune_cli, tuner.cli, tuner.graph.capture, tuner.loading.bounds, tuner.passes
+    import_s = time.monotonic() - started
+    runs = {}
+    marker = sys.argv[2]
+    for name, path, folder in json.loads(sys.argv[1]):
+        if os.path.exists(marker):
+            os.unlink(marker)
         start = time.monotonic()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        wall_s = time.monotonic() - start
-        peak_kb = int(peak_file.read_text())
-    return done, wall_s, peak_kb
+        pid = os.fork()
+        if pid == 0:  # as `python -c "from fxtune_cli import main; main()" sites PATH`
+            code = 1
+            try:
+                for fd, what in ((1, "stdout"), (2, "stderr")):
+                    os.dup2(os.open(os.path.join(folder, what), os.O_WRONLY | os.O_CREAT), fd)
+                sys.argv = ["fxtune", "sites", path]
+                fxtune_cli.main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                status = open("/proc/self/status").read()
+                with open(os.path.join(folder, "peak"), "w") as f:
+                    f.write(status.split("VmHWM:")[1].split()[0])
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        wall_s = import_s + time.monotonic() - start
+        code = os.waitstatus_to_exitcode(status)
+        runs[name] = {"returncode": code, "wall_s": wall_s, "marker": os.path.exists(marker)}
+    print(json.dumps(runs))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sites_runs(
+    hostile: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, SitesRun]:
+    """Every file's `fxtune sites` run: the process, its wall time, its own peak resident
+    memory (KiB, the process's VmHWM: getrusage's ru_maxrss survives exec, so after
+    subprocess's vfork it reported the (large) pytest parent's peak on CI), and whether the
+    exploits' marker (removed before each run) was there after it."""
+    root = tmp_path_factory.mktemp("sites")
+    jobs = []
+    for name in [*sorted(ROUTES), *sorted(BOMBS), "good"]:
+        (root / name).mkdir()
+        jobs.append((name, str(hostile[name]), str(root / name)))
+    cmd = [sys.executable, "-c", SITES, json.dumps(jobs), str(_marker(hostile))]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    found = {}
+    for name, _, folder in jobs:
+        out = Path(folder)
+        process = subprocess.CompletedProcess(
+            ["fxtune", "sites", str(hostile[name])],
+            runs[name]["returncode"],
+            (out / "stdout").read_text(),
+            (out / "stderr").read_text(),
+        )
+        peak_kb = int((out / "peak").read_text())
+        found[name] = (process, runs[name]["wall_s"], peak_kb, runs[name]["marker"])
+    return found
 
 
 @pytest.mark.parametrize("name", sorted(ROUTES) + sorted(BOMBS))
-def test_fxtune_sites_exits_3_with_the_reason(hostile: dict[str, Path], name: str) -> None:
-    marker = _marker(hostile)
-    marker.unlink(missing_ok=True)
-    done, wall_s, peak_kb = _fxtune("sites", str(hostile[name]))
+def test_fxtune_sites_exits_3_with_the_reason(sites_runs: dict[str, SitesRun], name: str) -> None:
+    done, wall_s, peak_kb, marker_written = sites_runs[name]
     assert done.returncode == 3, done.stderr
     assert "refused" in done.stderr
     why = ROUTES.get(name) or BOMBS[name]
     assert why in " ".join(done.stderr.split()), done.stderr
-    assert not marker.exists()
+    assert not marker_written
     if name in BOMBS:  # the whole command, torch's import included
         assert wall_s < 30 and peak_kb < 1024**2, (wall_s, peak_kb)
 
 
-def test_the_good_programs_still_load_and_list_sites(hostile: dict[str, Path]) -> None:
+def test_the_good_programs_still_load_and_list_sites(
+    hostile: dict[str, Path],
+    sites_runs: dict[str, SitesRun],
+) -> None:
     """The refusals are specific: the untouched sources of every exploit pass."""
     for name, batch in (("good", 2), ("dynamic", 4), ("dynamic", 7)):
         program = load_program(hostile["good"].parent / f"{name}.pt2")
         assert program.module()(torch.randn(batch, 16)).shape == (batch, 16)
-    done, _, _ = _fxtune("sites", str(hostile["good"]))
+    done, _, _, _ = sites_runs["good"]
     assert done.returncode == 0, done.stderr

@@ -85,7 +85,8 @@ def test_fxtune_tune_beside_busy_cores_tunes_on_the_cores_left_and_says_so(
     torch.export.save(program, tmp_path / "m.pt2")
     out = tmp_path / "out"
     args = ["tune", str(tmp_path / "m.pt2"), "--out", str(out / "t.pt2")]
-    args += ["--report", str(out / "r.json"), "--budget-s", "8", "--backend", "eager"]
+    # What is asserted is decided as the run starts (threads, load, notes): a short budget.
+    args += ["--report", str(out / "r.json"), "--budget-s", "4", "--backend", "eager"]
     args += ["--cache", str(tmp_path / "c.json"), "--no-profile"]
     with busy_cores() as cores:
         result = CliRunner().invoke(app, args)
