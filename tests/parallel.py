@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import time
@@ -103,3 +104,33 @@ def lock_folder(config: pytest.Config) -> Path | None:
     if not hasattr(config, "workerinput"):
         return None
     return Path(config.option.basetemp).parent
+
+
+def summary(timeline: Path) -> str:
+    """Per worker: how long its tests ran, how long it waited for its turn (a serial test beside
+    it, or its own serial test waiting for the others' current tests), and the gaps between its
+    tests; then the serial tests' share."""
+    tests = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
+    if not tests:
+        return "no test in the timeline"
+    start, end = min(t["asked"] for t in tests), max(t["ended"] for t in tests)
+    lines = [f"{len(tests)} tests over {end - start:.0f} s"]
+    for worker in sorted({t["worker"] for t in tests}):
+        mine = sorted((t for t in tests if t["worker"] == worker), key=lambda t: t["asked"])
+        running = sum(t["ended"] - t["got"] for t in mine)
+        waiting = sum(t["got"] - t["asked"] for t in mine)
+        gaps = sum(max(0.0, b["asked"] - a["ended"]) for a, b in itertools.pairwise(mine))
+        lines.append(
+            f"worker {worker}: {len(mine)} tests, running {running:.0f} s, waiting for its turn "
+            f"{waiting:.0f} s, between tests {gaps:.0f} s, idle at the end "
+            f"{end - mine[-1]['ended']:.0f} s"
+        )
+    serial = [t for t in tests if t["serial"]]
+    lines.append(f"serial: {len(serial)} tests, {sum(t['ended'] - t['got'] for t in serial):.0f} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tests.parallel TIMELINE.jsonl
+    import sys
+
+    print(summary(Path(sys.argv[1])))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import Turns, slow_files_first, turn
+from tests.parallel import Turns, slow_files_first, summary, turn
 
 
 def _holds(folder: Path, serial: bool, entered: threading.Event, leave: threading.Event) -> None:
@@ -67,6 +67,9 @@ def test_a_run_of_serial_tests_keeps_the_machine_until_its_last_and_is_timed(
         ("ordinary", False),
     ]
     assert all(t["asked"] <= t["got"] <= t["ended"] for t in lines)
+    report = summary(timeline).splitlines()
+    assert report[0].startswith("3 tests over") and report[-1].startswith("serial: 2 tests")
+    assert report[1].startswith(f"worker {lines[0]['worker']}: 3 tests, running")
 
 
 @dataclass
