@@ -20,7 +20,10 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Bytecode first: where PYTHONDONTWRITEBYTECODE=1 (CI containers set it) every Python the suite
+# starts, a few hundred of them, would compile fxtune's modules from source again.
 test: venv lint
+	$(PY) -m compileall -q -j 0 tuner service worker examples bench fxtune_cli.py
 	$(VENV)/bin/pytest -q
 
 demo: venv
