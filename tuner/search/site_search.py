@@ -272,7 +272,7 @@ class SiteSearch:
         )
         reason = f"{note}; its verdict ({decision.verdict}) is not trusted and the site "
         reason += "is left as it was"
-        return decision.model_copy(
+        untrusted = decision.model_copy(
             update={
                 "verdict": Verdict.NOT_MEASURED,
                 "accepted": False,
@@ -280,6 +280,12 @@ class SiteSearch:
                 "inconsistent": note,
             }
         )
+        if not self.settings.points:
+            return untrusted
+        # Timed, so its figures at the example size are reported like every timed site's.
+        example = self.settings.points[0]
+        figures = size_figures(example.label, example.sizes, untrusted.model_dump())
+        return untrusted.model_copy(update={"per_size": [figures]})
 
     def _measure(
         self,

@@ -11,6 +11,7 @@ import torch
 from tests.passes_helpers import Ranker, ranker_inputs
 from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.graph.capture import export_module, to_graph_module
+from tuner.graph.sizes import SizePoint
 from tuner.measure import timing as measure
 from tuner.measure.timing import quick_per_call_s
 from tuner.measure.verdicts import Comparison
@@ -39,15 +40,21 @@ def _stall(monkeypatch: pytest.MonkeyPatch, stalls: int) -> list[int]:
     return calls
 
 
-def _search(monkeypatch: pytest.MonkeyPatch, stalls: int) -> tuple[list[Any], int, DecisionCache]:
-    """Search with the first `stalls` site timings inflated 1000x; returns decisions, calls."""
+def _search(
+    monkeypatch: pytest.MonkeyPatch, stalls: int, sized: bool = False
+) -> tuple[list[Any], int, DecisionCache]:
+    """Search with the first `stalls` site timings inflated 1000x; returns decisions, calls.
+    `sized`: the search reports per size (one: the example's, as a dynamic program's would)."""
     calls = _stall(monkeypatch, stalls)
     module = SplitNormTanh(n=4).eval()
     x = torch.randn(8, 64)
     gm = to_graph_module(export_module(module, (x,)))
     # The model's time with room for a loaded machine: only the stalls (1000x) contradict it.
     model_s = 5 * quick_per_call_s(lambda: gm(x))
-    settings = SearchSettings(passes=["fuse_horizontal_layernorm"], model_time_s=model_s)
+    points = [SizePoint("batch=8", {"batch": 8}, (x,))] if sized else []
+    settings = SearchSettings(
+        passes=["fuse_horizontal_layernorm"], model_time_s=model_s, points=points
+    )
     cache = MemoryDecisionCache()
     result = SiteSearch(settings, cache).run(copy.deepcopy(gm), (x,))
     return result.decisions, calls[0], cache
@@ -65,6 +72,19 @@ def test_a_site_slower_than_its_model_twice_is_not_trusted(
     assert "inconsistent: site baseline" in (d.reason or "")
     assert "not trusted" in (d.reason or "")
     assert not cache.records()  # re-measured next run, not remembered
+
+
+@pytest.mark.serial
+def test_an_untrusted_site_still_reports_its_figures_at_the_example_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was timed: like every timed site, its figures per size start at the example's."""
+    decisions, _, _ = _search(monkeypatch, stalls=10, sized=True)
+    (d,) = decisions
+    assert d.verdict == "not measured" and d.inconsistent is not None and d.rounds
+    assert [(f.label, f.verdict, f.rounds) for f in d.per_size] == [
+        ("batch=8", "not measured", d.rounds)
+    ]
 
 
 @pytest.mark.serial
