@@ -47,10 +47,13 @@ def _locked(path: Path, mode: int) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+ROOM, TURNSTILE = "fxtune-tests.lock", "fxtune-tests.turnstile"
+
+
 def _exclusive(folder: Path) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
-    stack.enter_context(_locked(folder / "fxtune-tests.turnstile", fcntl.LOCK_EX))
-    stack.enter_context(_locked(folder / "fxtune-tests.lock", fcntl.LOCK_EX))
+    stack.enter_context(_locked(folder / TURNSTILE, fcntl.LOCK_EX))
+    stack.enter_context(_locked(folder / ROOM, fcntl.LOCK_EX))
     return stack
 
 
@@ -62,8 +65,8 @@ def turn(folder: Path, serial: bool) -> Iterator[None]:
             yield
         return
     with contextlib.ExitStack() as stack:
-        with _locked(folder / "fxtune-tests.turnstile", fcntl.LOCK_EX):
-            stack.enter_context(_locked(folder / "fxtune-tests.lock", fcntl.LOCK_SH))
+        with _locked(folder / TURNSTILE, fcntl.LOCK_EX):
+            stack.enter_context(_locked(folder / ROOM, fcntl.LOCK_SH))
         yield
 
 
@@ -79,6 +82,9 @@ class Turns:
     @contextlib.contextmanager
     def turn(self, test: str, serial: bool, next_serial: bool) -> Iterator[None]:
         asked = time.time()
+        if not serial and self._held is not None:  # never wait on this worker's own lock
+            self._held.close()
+            self._held = None
         with contextlib.ExitStack() as shared:
             if serial and self._held is None:
                 self._held = _exclusive(self.folder)

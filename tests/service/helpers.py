@@ -12,13 +12,14 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import uvicorn
 
+from service.analysis import ProgramAnalysis, program_analysis
 from service.core.config import Settings
 from service.launch import free_port
 from service.main import create_app
@@ -117,11 +118,13 @@ def wait_for(predicate: Any, timeout_s: float, what: str, every_s: float = 0.2) 
 
 
 @contextlib.contextmanager
-def thread_server(settings: Settings, checks: Any = None) -> Iterator[tuple[str, Any]]:
+def thread_server(
+    settings: Settings, checks: Callable[[Settings], ProgramAnalysis] = program_analysis
+) -> Iterator[tuple[str, Any]]:
     """uvicorn in a thread of the test process: a real HTTP server without a slow start-up.
     `checks`: how the service checks uploads and results (`create_app`'s; default: the
     sandboxed children)."""
-    app = create_app(settings) if checks is None else create_app(settings, checks=checks)
+    app = create_app(settings, checks=checks)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
