@@ -67,12 +67,14 @@ class WarmChild:
         return self.proc.pid
 
     def _read(self) -> None:
-        """READY once warmed up; whatever follows (the job's own output) is read and dropped."""
-        for line in bounded_lines(self.proc.stdout):
-            if not self.ready and line.rstrip("\n") == READY:
-                self.ready = True
-                self._settled.set()
-                self._on_change(self)
+        """READY once warmed up; whatever follows (the job's own output) is read and dropped.
+        A pipe closed under it by `stop` ends it like the end of the output."""
+        with contextlib.suppress(OSError, ValueError):
+            for line in bounded_lines(self.proc.stdout):
+                if not self.ready and line.rstrip("\n") == READY:
+                    self.ready = True
+                    self._settled.set()
+                    self._on_change(self)
         self.ended = True
         self._settled.set()
         self._on_change(self)
@@ -101,6 +103,8 @@ class WarmChild:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        if threading.current_thread() is not self.reader:
+            self.reader.join(timeout=5)  # the pipe's end, once the group is gone
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError, ValueError):
                 if stream is not None:

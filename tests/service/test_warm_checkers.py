@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from service.analysis import (
 )
 from service.check_folder import CheckFolder
 from service.core.config import Settings
+from service.warm_checkers import WarmChild
 from tests.service.helpers import REPO, pid_alive, wait_for
 from tuner.checks.warm import READY, job_line
 from tuner.host.sandbox import bwrap_works
@@ -231,3 +233,29 @@ def test_a_restart_removes_folders_of_dead_processes_only(tmp_path: Path) -> Non
     assert kept == sorted([live.path.name, live.path.name + ".lock"])
     live.remove()
     assert list(root.iterdir()) == []
+
+
+def test_stopping_a_child_between_two_reads_ends_its_reader_quietly(tmp_path: Path) -> None:
+    """`stop` closes the pipe a reader thread reads; a reader still busy with the last line
+    (here: telling the pool the child is ready) must then end as at the pipe's end, not die
+    with "I/O operation on closed file" (pytest's filter makes that a failure)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"print({READY!r}, flush=True); import time; time.sleep(60)"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    busy = threading.Event()
+
+    def slow_to_note(child: WarmChild) -> None:
+        if child.ready and not busy.is_set():
+            busy.set()
+            time.sleep(1.0)
+
+    child = WarmChild(proc, CheckFolder(tmp_path, "c-"), slow_to_note)
+    assert busy.wait(READY_S)
+    child.stop()
+    child.reader.join(timeout=10)
+    assert child.ended and not child.reader.is_alive()
+    assert not pid_alive(proc.pid)

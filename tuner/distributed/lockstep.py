@@ -48,8 +48,10 @@ class LockstepSampler:
 
     timer: Timer
 
-    def sample(self, fn: Callable[[], Any], inner: int) -> float:
+    def line_up(self) -> None:
         dist.barrier()
+
+    def sample(self, fn: Callable[[], Any], inner: int) -> float:
         return self.timer(fn, inner)
 
     def agree(self, values: Sequence[float]) -> list[float]:

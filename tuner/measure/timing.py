@@ -173,8 +173,13 @@ def _timing_setup(device: Device, threads: int | None, clock: Clock = "wall") ->
 class Sampler(Protocol):
     """Where the round loop runs: the only things that differ between one process and ranks."""
 
+    def line_up(self) -> None:
+        """Wait until every participant is ready to sample (nothing to wait for in one
+        process). Kept apart from `sample` so that waiting is never timed as calling."""
+        ...
+
     def sample(self, fn: Callable[[], Any], inner: int) -> float:
-        """Seconds per call of `inner` calls of `fn`."""
+        """Seconds per call of `inner` calls of `fn` (after `line_up`)."""
         ...
 
     def agree(self, values: Sequence[float]) -> list[float]:
@@ -192,6 +197,9 @@ class LocalSampler:
     """One process: its own timer, its own figures, its own clock."""
 
     timer: Timer
+
+    def line_up(self) -> None:
+        return None
 
     def sample(self, fn: Callable[[], Any], inner: int) -> float:
         return self.timer(fn, inner)
@@ -241,6 +249,7 @@ def _per_call_s(sampler: Sampler, fn: Callable[[], Any], target_s: float) -> flo
     """
 
     def once(n: int) -> float:
+        sampler.line_up()
         started = time.perf_counter()
         timed = sampler.sample(fn, n)
         return max(sampler.agree([timed, (time.perf_counter() - started) / n]))
@@ -293,6 +302,7 @@ def _warm_up(
         if i > 0 and sampler.time_left(until) <= 0:
             break
         for fn in variants:
+            sampler.line_up()
             sampler.sample(fn, 1)
 
 
@@ -325,6 +335,7 @@ def run_rounds(
         started = time.perf_counter()
         times = [0.0] * len(variants)
         for v in order.sample(range(len(variants)), len(variants)):
+            sampler.line_up()
             times[v] = sampler.sample(variants[v], inner)
         *figures, round_s = sampler.agree([*times, time.perf_counter() - started])
         for v, (mine, counted) in enumerate(zip(times, figures, strict=True)):
