@@ -46,7 +46,6 @@ def worker_cmd(
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
     from tuner.contract.errors import DeviceUnavailableError, UncheckedTorchError
     from tuner.host.sandbox import SandboxUnavailable, resolve_sandbox
-    from tuner.host.torch_compat import check_torch
     from worker.client import ServiceError
     from worker.config import WorkerSettings
     from worker.hardware import detect
@@ -55,11 +54,6 @@ def worker_cmd(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
     for sig in (signal.SIGTERM, signal.SIGHUP):  # until the loop's own handlers: unwind (and
         signal.signal(sig, _leave)  # subprocess.run kills the device probe on the way out)
-    try:
-        check_torch()  # every job would fail on an unchecked torch: say so once, claim nothing
-    except UncheckedTorchError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(ExitCode.INTERNAL) from None
     given = {"server": server, "worker_token": token, "worker_ranks": ranks}
     overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)
@@ -69,7 +63,10 @@ def worker_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(ExitCode.USER_INPUT) from None
     try:
-        hardware = detect(device)
+        hardware = detect(device)  # and torch checked: every job would fail on an unchecked one
+    except UncheckedTorchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(ExitCode.INTERNAL) from None
     except DeviceUnavailableError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(ExitCode.DEVICE) from None

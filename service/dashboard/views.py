@@ -22,7 +22,7 @@ from service.rows import (
     size_rows,
 )
 from service.store import AbstractStore, ConfigSummary, Job, Model, NotFound, StoredConfig
-from tuner.profiling.analysis import PHASES
+from tuner.contract.training import PHASES
 
 API = "/api/v1"
 RECENT_JOBS = 20

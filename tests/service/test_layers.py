@@ -51,3 +51,17 @@ def test_the_request_schemas_import_without_torch_or_pandas() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_service_starts_without_pandas_until_a_csv_is_asked_for() -> None:
+    """pandas is a second of every service start; only the CSV exports use it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from service.main import create_app; print('pandas' in sys.modules); "
+        "from service.api.routes.exports import csv_response; "
+        "csv_response([{'a': 1}], ['a'], 'x.csv'); print('pandas' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]

@@ -20,6 +20,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from tuner.contract.training import PHASES
 from tuner.profiling.categories import category_of, is_compiled_kernel
 
 RAW_COLUMNS: dict[str, str] = {
@@ -49,7 +50,6 @@ EVENT_COLUMNS: dict[str, str] = {
 ITERATION = "fxtune.iteration"
 # Ranges a training step marks around its forward (with the loss), backward and optimizer step.
 PHASE = "fxtune.phase."
-PHASES = ("forward", "backward", "optimizer")
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 API_KINDS = ("cuda_runtime", "cuda_driver")
 LAUNCH = re.compile(r"^cu(?:da)?(?:LaunchKernel|LaunchCooperativeKernel|GraphLaunch|Mem\w*Async)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-import pandas as pd
 from fastapi import APIRouter, Query, Response
 
 from service.api.deps import Reader, StoreDep
@@ -74,7 +73,10 @@ def neutralize(value: object) -> object:
 
 
 def csv_response(rows: Sequence[Row], columns: Sequence[str], filename: str) -> Response:
-    """Floats keep full precision (repr), so a CSV reads back to the API's numbers."""
+    """Floats keep full precision (repr), so a CSV reads back to the API's numbers. pandas is
+    imported here, on the first export: a second of every service start for a rare request."""
+    import pandas as pd
+
     safe = [{k: neutralize(v) for k, v in row.items()} for row in rows]
     frame = pd.DataFrame(safe, columns=list(columns))
     # CRLF line ends (RFC 4180) also make the writer quote a bare CR inside a cell.

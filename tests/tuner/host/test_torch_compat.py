@@ -248,16 +248,54 @@ fxtune_cli.main()
     assert "checked on torch" not in allowed.stdout + allowed.stderr
 
 
-def test_the_worker_refuses_to_start_on_another_torch() -> None:
+# Any Python started with this folder on its path that imports torch sees `VERSION`: the
+# worker's device probe is a child of the worker, where an in-process assignment cannot reach.
+SITECUSTOMIZE = """
+import importlib.util, sys
+
+class _Reported:
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.__version__ = VERSION
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Reported())
+"""
+
+
+def test_the_worker_refuses_to_start_on_another_torch_without_importing_it(
+    tmp_path: Path,
+) -> None:
+    """The refusal comes from the worker's device probe (a child that imports torch anyway);
+    the worker itself never imports torch."""
+    (tmp_path / "sitecustomize.py").write_text("VERSION = '2.14.0'\n" + SITECUSTOMIZE)
     code = (
         "import sys; from fxtune_cli import main\n"
         "sys.argv = ['fxtune', 'worker', '--device', 'cpu', '--server', 'http://127.0.0.1:9']\n"
-        "main()"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print('torch imported:', 'torch' in sys.modules)\n"
     )
-    done = _with_torch_version("2.14.0", code)
+    env = {k: v for k, v in os.environ.items() if k != ALLOW_ENV}
+    path = [str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == ExitCode.INTERNAL, done
     stderr = " ".join(done.stderr.split())
     assert "error: fxtune was checked on torch 2.13; this is torch 2.14.0" in stderr, stderr
+    assert "torch imported: False" in done.stdout, done
 
 
 def test_the_override_reaches_the_children(tmp_path: Path) -> None:
