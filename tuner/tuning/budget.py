@@ -224,7 +224,7 @@ class Budget:
             note = f"{first[0].name} needs no compile: it goes first"
             self.run.peer_notes.append(note)
             say(0.05, f"peers: {note}")
-        return first + self.affordable_stand_in(blind, say)
+        return first + self.affordable_stand_in(blind, say, spent=self._check_s() if first else 0)
 
     def uncompiled_with_passes(
         self, blind: list[Candidate], first: list[Candidate], say: Progress
@@ -247,13 +247,16 @@ class Budget:
                 say(0.05, f"peers: {note}")
         return chosen
 
-    def affordable_stand_in(self, blind: list[Candidate], say: Progress) -> list[Candidate]:
+    def affordable_stand_in(
+        self, blind: list[Candidate], say: Progress, spent: float = 0.0
+    ) -> list[Candidate]:
         """When no peer is expected to fit: the quickest compiled candidate that is, among
         `blind` (the original with every pass, under each backend: it needs no search, and the
         passes shrink the graph, so it compiles sooner), to build first while the budget is
-        whole. A tie goes to a backend built in a child, which is stopped if it overruns."""
+        whole (`spent`: what goes before it). A tie goes to a backend built in a child, which
+        is stopped if it overruns."""
         run = self.run
-        left = run.remaining()
+        left = run.remaining() - spent
         priced: list[tuple[float, Candidate]] = []
         for cand in blind:
             if not cand.passes or cand.backend not in backends.PEERS:
