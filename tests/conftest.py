@@ -33,6 +33,7 @@ import pytest
 
 from service.launch import free_port
 from tests import parallel
+from tests.reruns import FirstFailures
 from tuner.host import failures
 
 os.environ[failures.STRICT_ENV] = "1"
@@ -169,6 +170,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     next_serial = nextitem is not None and nextitem.get_closest_marker("serial") is not None
     with turns.turn(item.nodeid, serial, next_serial):
         return (yield)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(FirstFailures(), "fxtune-first-failures")  # tests/reruns.py
 
 
 _TURNS = pytest.StashKey[parallel.Turns | None]()

@@ -1,4 +1,5 @@
-"""The suite's rules for sharing the machine between xdist workers (tests/parallel.py)."""
+"""The suite's rules for sharing the machine between xdist workers (tests/parallel.py), and
+what it prints about reruns (tests/reruns.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.parallel import Turns, slow_files_first, summary, turn
+from tests.reruns import RERUN_LINES, FirstFailures
 
 
 def _holds(folder: Path, serial: bool, entered: threading.Event, leave: threading.Event) -> None:
@@ -110,3 +112,36 @@ def test_a_serial_test_runs_alone_under_xdist(request: pytest.FixtureRequest) ->
     other, leave = _start(folder, serial=False)
     assert not other.wait(0.5)
     leave.set()
+
+
+class _Terminal:
+    """What FirstFailures writes to, recorded."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def section(self, title: str) -> None:
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _report(outcome: str, text: str) -> pytest.TestReport:
+    return pytest.TestReport("t.py::test_x", ("t.py", 1, "test_x"), {}, outcome, text, "call")
+
+
+def test_why_a_rerun_test_failed_the_first_time_is_printed_at_the_end() -> None:
+    plugin = FirstFailures()
+    long = "\n".join(f"line {i}" for i in range(100)) + "\nE   AssertionError: lease expired"
+    plugin.pytest_runtest_logreport(_report("rerun", long))
+    plugin.pytest_runtest_logreport(_report("passed", ""))  # the rerun that passed
+    terminal = _Terminal()
+    plugin.pytest_terminal_summary(terminal)  # type: ignore[arg-type]
+    assert terminal.lines[0] == "== why each rerun test failed the first time"
+    text = terminal.lines[1].splitlines()
+    assert text[0] == "t.py::test_x (call):" and text[-1] == "E   AssertionError: lease expired"
+    assert len(text) == 1 + RERUN_LINES  # the end of the report, where the assertion is
+    quiet = _Terminal()
+    FirstFailures().pytest_terminal_summary(quiet)  # type: ignore[arg-type]
+    assert quiet.lines == []
