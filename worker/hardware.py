@@ -14,20 +14,20 @@ from typing import Any
 
 from tuner.contract.device import Device
 from tuner.contract.errors import DeviceUnavailableError, FxtuneError, UncheckedTorchError
-from tuner.contract.exit_codes import ExitCode, exit_code_for
+from tuner.contract.exit_codes import exit_code_for
 
 log = logging.getLogger("fxtune.worker")
 
-# The child's exit status names the error it stopped with; its last line of stderr says why.
-_ERRORS: dict[int, type[FxtuneError]] = {
-    ExitCode.INTERNAL: UncheckedTorchError,
-    ExitCode.DEVICE: DeviceUnavailableError,
+# What the child stopped with on purpose, named on its stdout: {"error": NAME, "message": ...}.
+_ERRORS: dict[str, type[FxtuneError]] = {
+    "unchecked_torch": UncheckedTorchError,
+    "device_unavailable": DeviceUnavailableError,
 }
 
 
 def detect(device: Device, timeout_s: float = 120) -> dict[str, Any]:
     """The device's description; UncheckedTorchError or DeviceUnavailableError with the
-    child's reason."""
+    child's reason (a child that died otherwise: DeviceUnavailableError with its last line)."""
     proc = subprocess.run(
         [sys.executable, "-m", "worker.hardware", str(device)],
         capture_output=True,
@@ -36,11 +36,22 @@ def detect(device: Device, timeout_s: float = 120) -> dict[str, Any]:
         check=False,
     )
     if proc.returncode != 0:
+        stopped = _stopped_with(proc.stdout)
+        if stopped is not None:
+            raise stopped
         lines = proc.stderr.strip().splitlines() or [f"status {proc.returncode}"]
-        raise _ERRORS.get(proc.returncode, DeviceUnavailableError)(lines[-1])
+        raise DeviceUnavailableError(lines[-1])
     for line in proc.stderr.strip().splitlines():  # the override's warning, torch's own
         log.warning("device probe: %s", line)
     return json.loads(proc.stdout)
+
+
+def _stopped_with(stdout: str) -> FxtuneError | None:
+    try:
+        said = json.loads(stdout.strip().splitlines()[-1])
+        return _ERRORS[said["error"]](str(said["message"]))
+    except (IndexError, ValueError, TypeError, KeyError):
+        return None
 
 
 def _main(text: str) -> None:
@@ -51,11 +62,9 @@ def _main(text: str) -> None:
         check_torch()
         device = Device.parse(text).require_available()
     except (UncheckedTorchError, DeviceUnavailableError) as exc:
-        print(" ".join(str(exc).split()), file=sys.stderr)
+        name = next(n for n, cls in _ERRORS.items() if isinstance(exc, cls))
+        print(json.dumps({"error": name, "message": " ".join(str(exc).split())}))
         sys.exit(exit_code_for(exc))
-    except FxtuneError as exc:
-        print(" ".join(str(exc).split()), file=sys.stderr)
-        sys.exit(ExitCode.DEVICE)
     info = describe(device)
     info["key"] = hardware_key(info)
     print(json.dumps(info))
