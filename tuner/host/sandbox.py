@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -105,14 +106,15 @@ def python_paths() -> list[Path]:
     """Where the child's Python and its packages come from: the environment's prefixes (the venv
     and the interpreter's install), the import path's folders (a `.pth` file may add one from
     elsewhere) and the real folders of torch and fxtune (which may be reached through symbolic
-    links). Not `sys.path[0]`: that is the folder the process was started from."""
-    import torch
-
-    import tuner
-
+    links). Not `sys.path[0]`: that is the folder the process was started from. torch is
+    found, not imported: a worker that imported it here paid seconds before its first job's
+    first heartbeat."""
     found = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)]
     found += [Path(p) for p in sys.path[1:] if p]
-    found += [Path(m.__file__).resolve().parent.parent for m in (torch, tuner) if m.__file__]
+    for package in ("torch", "tuner"):
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.origin is not None:
+            found.append(Path(spec.origin).resolve().parent.parent)
     return found
 
 

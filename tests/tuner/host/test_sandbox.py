@@ -410,3 +410,17 @@ def test_a_stuck_childs_stacks_are_read_from_its_stderr() -> None:
     where = overrun_stacks("some warning\n" + done.stderr)
     assert where is not None and where.startswith('File "<string>", line 3 in stuck'), where
     assert overrun_stacks("an ordinary error\n") is None
+
+
+def test_the_folders_bound_for_the_child_are_found_without_importing_torch() -> None:
+    """A worker (which never imports torch) builds each job's sandbox: importing torch there
+    cost seconds before the first job's first heartbeat, longer than a short lease."""
+    code = (
+        "import sys; from tuner.host.sandbox import python_paths; paths = python_paths(); "
+        "print('torch' in sys.modules, any((p / 'torch' / '__init__.py').is_file() for p in paths))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["False", "True"], done
