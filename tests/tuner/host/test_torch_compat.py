@@ -198,17 +198,20 @@ def test_used_by_names_real_users() -> None:
             assert helper, f"{rel} no longer uses {api.name}"
 
 
+def _run_python(code: str, *first: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter without the override: `first` on its path, then the
+    checkout, then what was there (a GPU host's wheels come on PYTHONPATH)."""
+    full_env = {k: v for k, v in os.environ.items() if k != ALLOW_ENV}
+    path = [*map(str, first), str(REPO), os.environ.get("PYTHONPATH", "")]
+    full_env.update(PYTHONPATH=os.pathsep.join(p for p in path if p), **env)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=300
+    )
+
+
 def _with_torch_version(version: str, code: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run `code` in a fresh interpreter whose torch reports `version`."""
-    prelude = f"import torch; torch.__version__ = {version!r}\n"
-    full_env = {k: v for k, v in os.environ.items() if k != ALLOW_ENV}
-    # The checkout first, then what was there (a GPU host's wheels come on PYTHONPATH).
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    full_env.update(PYTHONPATH=path, **env)
-    return subprocess.run(
-        [sys.executable, "-c", prelude + code], env=full_env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    return _run_python(f"import torch; torch.__version__ = {version!r}\n" + code, **env)
 
 
 def test_another_torch_fails_at_first_use_not_at_import(tmp_path: Path) -> None:
@@ -286,12 +289,7 @@ def test_the_worker_refuses_to_start_on_another_torch_without_importing_it(
         "finally:\n"
         "    print('torch imported:', 'torch' in sys.modules)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != ALLOW_ENV}
-    path = [str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = _run_python(code, tmp_path)
     assert done.returncode == ExitCode.INTERNAL, done
     stderr = " ".join(done.stderr.split())
     assert "error: fxtune was checked on torch 2.13; this is torch 2.14.0" in stderr, stderr
