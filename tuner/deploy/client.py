@@ -9,6 +9,7 @@ exactly one clear `FxtuneClientWarning`.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -313,10 +314,31 @@ def _untuned(program_or_module: Any, program: ExportedProgram | None, device: De
         return program_or_module
     if program is None:
         raise TypeError(f"cannot run a {type(program_or_module).__name__} as a model")
+    with contextlib.suppress(Exception):
+        own = program is not program_or_module
+        return _placed(program, device, own=own).module()
     module = program.module()
     with contextlib.suppress(Exception):
         module = module.to(device.torch_device)
     return module
+
+
+def _placed(program: ExportedProgram, device: Device, *, own: bool) -> ExportedProgram:
+    """`program` on `device`, the devices export baked into its graph moved too
+    (`tuner.graph.capture.on_device`): `module.to()` moves weights only, and a transformer's
+    mask built with `device=cpu` then mixes devices on the first call. The move is in place, so
+    a program the caller handed in (`own=False`) is copied first (saved and loaded in memory:
+    a deep copy renames placeholders called `input`)."""
+    if device.kind == "cpu":
+        return program
+    from tuner.graph.capture import on_device
+
+    if not own:
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        buffer.seek(0)
+        program = torch.export.load(buffer)
+    return on_device(program, device.torch_device)
 
 
 def _check_replayed(passes: list[PassStep], tuned: Transformed) -> None:
@@ -360,13 +382,21 @@ def _trainable(tuned: Transformed, device: Device) -> nn.Module:
 
 
 def _tuned(
-    program: ExportedProgram, device: Device, compile: bool, mode: Mode = "infer", **fetch: Any
+    program: ExportedProgram,
+    device: Device,
+    compile: bool,
+    mode: Mode = "infer",
+    *,
+    own: bool = True,
+    **fetch: Any,
 ) -> tuple[nn.Module, list[str]]:
-    """The tuned module and what the caller should be warned about; raises on any failure."""
-    fingerprint = model_fingerprint(program)
+    """The tuned module and what the caller should be warned about; raises on any failure.
+    `own`: whether `program` is this call's to move (loaded or exported here)."""
+    fingerprint = model_fingerprint(program)  # of the program as uploaded, before any move
     raw, source = fetch_config(fingerprint, device=device, mode=mode, **fetch)
     if raw is None:
         raise LookupError(source)
+    program = _placed(program, device, own=own)
     log.info("fxtune: config for %s (%s) from %s", fingerprint, device, source)
     config = checked_config(raw, fingerprint)
     if config.mode != mode:
@@ -389,7 +419,7 @@ def _tuned(
             module = _maybe_compiled(
                 module, config.backend, _example_inputs(program), device, notes
             )
-    return CheckedInputs(module, spec, lambda: _untuned(program, program, device)), notes
+    return CheckedInputs(module, spec, program.module), notes
 
 
 def _example_inputs(program: ExportedProgram) -> tuple[Any, ...]:
@@ -510,6 +540,7 @@ def load_tuned(
             device,
             compile,
             mode,
+            own=program is not program_or_module,
             server=server,
             cache_dir=cache_dir,
             timeout=timeout,

@@ -497,3 +497,33 @@ def test_a_training_config_gives_a_module_that_trains_as_the_original(
     untuned, warned = load_recording(program, server=url, cache_dir=tmp_path)
     assert len(warned) == 1 and "mode 'train'" in warned[0]
     assert _linears(untuned) == 2
+
+
+class BakedDevice(nn.Module):
+    """`device="cpu"` in forward: export bakes that device into the graph, where moving the
+    weights does not reach it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.relu(self.fc(x))) + torch.arange(3.0, device="cpu")
+
+
+@pytest.mark.cuda
+def test_a_cuda_deployment_moves_the_devices_baked_in_at_export(
+    config_service: tuple[str, FakeService], tmp_path: Path
+) -> None:
+    url, fake = config_service
+    torch.manual_seed(0)
+    program = export_module(BakedDevice().eval(), (torch.randn(2, 6),))
+    fingerprint = model_fingerprint(program)
+    fake.configs[fingerprint] = tuned_config(program, "remove_dropout")
+    module, warned = load_recording(program, server=url, device="cuda", cache_dir=tmp_path)
+    assert warned == []
+    assert not has_dropout(module)
+    x = torch.randn(2, 6)
+    torch.testing.assert_close(module(x.cuda()).cpu(), program.module()(x))
+    assert model_fingerprint(program) == fingerprint  # the caller's program stays where it was
