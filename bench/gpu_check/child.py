@@ -1,7 +1,8 @@
 """A child process of the check: `python -m bench.gpu_check.child JOB.json` runs one row.
 
-The job file names the row's kind ("model" with the import path of its `ModelSpec`, or
-"service") and where to write the row; `bench.gpu_check.isolate` starts it and reads the row.
+The job file names the row's kind ("model" with the import path of its `ModelSpec`, "peer"
+(one peer of a model timed against what shipped), or "service") and where to write the row;
+`bench.gpu_check.isolate` starts it and reads the row.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ def main(argv: list[str]) -> int:
         from bench.gpu_check.models import resolve
 
         check_model(job, resolve(job["spec"]), row)
+    elif job["kind"] == "peer":
+        from bench.gpu_check.model_check import time_peer
+        from bench.gpu_check.models import resolve
+
+        time_peer(job, resolve(job["spec"]), row)
     elif job["kind"] == "service":
         from bench.gpu_check.service_check import check_service
 

@@ -76,7 +76,8 @@ def run_isolated(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str,
     job_path = work / f"{name}.job.json"
     job_path.write_text(json.dumps(job, indent=2))
     log_path = work / f"{name}.log"
-    cmd = [sys.executable, "-m", "bench.gpu_check.child", str(job_path)]
+    # faulthandler: a segfault leaves the Python stack it happened under in the log
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "bench.gpu_check.child", str(job_path)]
     started = time.monotonic()
     with log_path.open("w") as log:
         proc = subprocess.Popen(

@@ -188,7 +188,7 @@ def _run_rows(
 
     cuda = device.kind == "cuda"
     deadline_s = base_job["deadline_s"]
-    slack_s = args.row_slack_s or (150.0 if cuda else 600.0)
+    slack_s = args.row_slack_s or (240.0 if cuda else 600.0)
     peers = [p for p in PEERS[device.kind] if args.peers is None or p in args.peers]
     doc: dict[str, Any] = {"started": started, **_machine(device), "peers": peers,
                            "deadline_s": deadline_s, "models": [], "checks": []}  # fmt: skip
@@ -209,8 +209,10 @@ def _run_rows(
             row["name"] = name
         else:
             budget = base_job["tune_budget_s"] or resolve(spec).budget_s
-            job = {**base_job, "kind": "model", "name": name, "spec": spec}
-            row = run_isolated(job, work, min(budget + 15 + slack_s, left))
+            timeout = min(budget + 15 + slack_s, left)
+            job = {**base_job, "kind": "model", "name": name, "spec": spec,
+                   "ends_at": time.time() + timeout}  # fmt: skip
+            row = run_isolated(job, work, timeout)
         print(f"[gpu-check] {name}: {row['status']} ({row.get('wall_s', 0):.0f} s)", flush=True)
         target.append(row)
         tables.write(args.out, _finished(doc, clock, cuda))  # a partial table if the run is cut
