@@ -15,12 +15,14 @@ Two uses:
   inductor's warm cache). Probing costs a child per candidate, so the tuner does it where
   crashes were seen (CUDA, issue 11) or when asked (`TuneOptions.isolate_compiles`).
 
-`python -m tuner.backends.child PROGRAM.pt2 PACKAGE.aoti.pt2 [--instrumented]`
-`python -m tuner.backends.child PROGRAM.pt2 --probe BACKEND`
+Each child is started as `python -m tuner.backends.child --wait` and given its job on stdin
+(`PROGRAM.pt2 PACKAGE.aoti.pt2 [--instrumented]` or `PROGRAM.pt2 --probe BACKEND`); `Children`
+can start the next one while the current one works.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -43,8 +45,9 @@ CHILD_MODULE = "tuner.backends.child"
 @dataclass(frozen=True)
 class ChildCompile:
     package: Path
-    seconds: float  # the whole child, start to exit
-    compile_s: float  # of which compiling (the rest: starting Python, importing torch)
+    seconds: float  # the child's job, given to exit (a child started for it: from its start)
+    compile_s: float  # of which compiling (the rest: loading the program, exiting; starting
+    # Python and importing torch where the child was not started ahead)
 
 
 def _child_env(scratch: str) -> dict[str, str]:
@@ -58,59 +61,139 @@ def _child_env(scratch: str) -> dict[str, str]:
     return env
 
 
-def compile_aoti_in_child(
-    program_path: Path, package_path: Path, *, timeout_s: float, instrumented: bool = False
-) -> ChildCompile:
-    """Compile PROGRAM.pt2 to an AOTInductor package in a child killed after `timeout_s`."""
-    args = [str(program_path), str(package_path)] + (["--instrumented"] if instrumented else [])
-    seconds, report = _run_child(args, timeout_s, "the package", "AOTInductor compile")
-    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]))
+class _Child:
+    """One started child: waiting for its job on stdin (`tuner.backends.child --wait`), with a
+    temporary folder of its own, removed once it has ended."""
 
-
-def probe_in_child(program_path: Path, backend: str, *, timeout_s: float) -> ChildCompile:
-    """Build PROGRAM.pt2 under `backend` and run it once, in a child killed after `timeout_s`."""
-    what = f"under {backend}"
-    seconds, report = _run_child(
-        [str(program_path), "--probe", backend], timeout_s, what, f"{backend} probe"
-    )
-    return ChildCompile(program_path, seconds, float(report["compile_s"]))
-
-
-def _run_child(args: list[str], timeout_s: float, what: str, action: str) -> tuple[float, dict]:
-    cmd = [sys.executable, "-m", CHILD_MODULE, *args]
-    started = time.monotonic()
-    # A killed compiler leaves its temporary files: the child gets a temp folder of its own,
-    # removed here whatever happened; inductor's cache stays where it would have been.
-    with tempfile.TemporaryDirectory(prefix="fxtune-compile-") as scratch:
-        proc = subprocess.Popen(
+    def __init__(self, device: str | None) -> None:
+        self.scratch = tempfile.TemporaryDirectory(prefix="fxtune-compile-")
+        cmd = [sys.executable, "-m", CHILD_MODULE, "--wait"]
+        if device is not None:
+            cmd += ["--device", device]
+        self.proc = subprocess.Popen(
             cmd,
-            env=_child_env(scratch),
+            env=_child_env(self.scratch.name),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+
+    def ready(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.communicate(timeout=5)
+        self.scratch.cleanup()
+
+
+class Children:
+    """Compile children, one per compile or probe, each used once, so a crash or an overrun
+    ends only its own.
+
+    With `ahead`, the next child is started while the current one works (and by `start`, as a
+    run begins), so its Python start and torch import are not paid inside the budget: on the
+    H200 (torch 2.11, 16 cores) each CUDA-graph probe took 8.8-10.2 s, almost all of it
+    starting the child, and two probes spent the recsys example's 26 s of tuning at 45 s. A
+    waiting child uses no CPU; it only competes for the cores while its import overlaps the
+    child before it, not with a timing. `device`: a CUDA device to create its context on in
+    advance. `close` ends the waiting one.
+    """
+
+    def __init__(self, *, ahead: bool = False, device: str | None = None) -> None:
+        self.ahead = ahead
+        self.device = device
+        self._next: _Child | None = None
+
+    def start(self) -> None:
+        """Start the next child now, if children are started ahead and none is waiting."""
+        if self.ahead and self._next is None:
+            self._next = _Child(self.device)
+
+    def _take(self) -> _Child:
+        child, self._next = self._next, None
+        if child is not None and not child.ready():  # it died waiting: it tells nothing
+            child.stop()
+            child = None
+        child = child or _Child(self.device)
+        self.start()  # the one after it starts while this one works
+        return child
+
+    def run(self, args: list[str], timeout_s: float, what: str, action: str) -> tuple[float, dict]:
+        """Run one job (`tuner.backends.child`'s arguments) in a child stopped after
+        `timeout_s`: its seconds from the job's start, and its report."""
+        child = self._take()
+        started = time.monotonic()
         try:
-            out, err = proc.communicate(timeout=max(timeout_s, 0.0))
+            out, err = child.proc.communicate(
+                (json.dumps(args) + "\n").encode(), timeout=max(timeout_s, 0.0)
+            )
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            overrun = True
-        else:
-            overrun = False
-    if overrun:
-        raise CompileOverrun(
-            f"compile stopped after {time.monotonic() - started:.1f} s: "
-            f"it did not finish in the {timeout_s:.1f} s left of the time budget"
-        ) from None
-    seconds = time.monotonic() - started
-    if proc.returncode < 0:
-        number = -proc.returncode
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = "an unknown signal"
-        raise CompileCrashed(name, number, what)
-    if proc.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-        raise CompileFailed(f"{action} failed: {tail[0]}")
-    return seconds, json.loads(out.decode().strip().splitlines()[-1])
+            raise CompileOverrun(
+                f"compile stopped after {time.monotonic() - started:.1f} s: "
+                f"it did not finish in the {timeout_s:.1f} s left of the time budget"
+            ) from None
+        finally:
+            child.stop()  # its process group: inductor's workers and the C++ compiler too
+        seconds = time.monotonic() - started
+        code = child.proc.returncode
+        if code < 0:
+            number = -code
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = "an unknown signal"
+            raise CompileCrashed(name, number, what)
+        if code != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise CompileFailed(f"{action} failed: {tail[0]}")
+        return seconds, json.loads(out.decode().strip().splitlines()[-1])
+
+    def close(self) -> None:
+        child, self._next = self._next, None
+        if child is not None:
+            child.stop()
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def compile_aoti_in_child(
+    program_path: Path,
+    package_path: Path,
+    *,
+    timeout_s: float,
+    instrumented: bool = False,
+    children: Children | None = None,
+) -> ChildCompile:
+    """Compile PROGRAM.pt2 to an AOTInductor package in a child killed after `timeout_s`
+    (one of `children`, else one started for it)."""
+    args = [str(program_path), str(package_path)] + (["--instrumented"] if instrumented else [])
+    seconds, report = _run_child(children, args, timeout_s, "the package", "AOTInductor compile")
+    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]))
+
+
+def probe_in_child(
+    program_path: Path, backend: str, *, timeout_s: float, children: Children | None = None
+) -> ChildCompile:
+    """Build PROGRAM.pt2 under `backend` and run it once, in a child killed after `timeout_s`."""
+    what = f"under {backend}"
+    args = [str(program_path), "--probe", backend]
+    seconds, report = _run_child(children, args, timeout_s, what, f"{backend} probe")
+    return ChildCompile(program_path, seconds, float(report["compile_s"]))
+
+
+def _run_child(
+    children: Children | None, args: list[str], timeout_s: float, what: str, action: str
+) -> tuple[float, dict]:
+    if children is not None:
+        return children.run(args, timeout_s, what, action)
+    with Children() as once:
+        return once.run(args, timeout_s, what, action)

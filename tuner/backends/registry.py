@@ -7,13 +7,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
 from torch.export import ExportedProgram
 
 from tuner.contract.device import Device
+
+if TYPE_CHECKING:
+    from tuner.backends.isolation import Children
 
 Runner = Callable[..., Any]
 
@@ -33,11 +36,23 @@ class Built:
     overhead_s: float | None = None
 
 
-def _eager(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
+def _eager(
+    gm: fx.GraphModule,
+    inputs: tuple,
+    workdir: Path,
+    timeout_s: float | None,
+    children: Children | None = None,
+) -> Built:
     return Built(gm)
 
 
-def _inductor(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
+def _inductor(
+    gm: fx.GraphModule,
+    inputs: tuple,
+    workdir: Path,
+    timeout_s: float | None,
+    children: Children | None = None,
+) -> Built:
     """Inductor ahead of time: what is measured is the very package a deployment loads.
 
     (torch.compile would add guard checks per call, which on a model with dozens of inputs
@@ -54,13 +69,22 @@ def _inductor(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float
 
     torch.export.save(program, stem.with_suffix(".pt2"))
     done = compile_aoti_in_child(
-        stem.with_suffix(".pt2"), stem.with_suffix(".aoti.pt2"), timeout_s=timeout_s
+        stem.with_suffix(".pt2"),
+        stem.with_suffix(".aoti.pt2"),
+        timeout_s=timeout_s,
+        children=children,
     )
     overhead = max(done.seconds - done.compile_s, 0.0)
     return Built(load_aoti(done.package), done.package, done.compile_s, overhead)
 
 
-def _compile(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
+def _compile(
+    gm: fx.GraphModule,
+    inputs: tuple,
+    workdir: Path,
+    timeout_s: float | None,
+    children: Children | None = None,
+) -> Built:
     """torch.compile with its defaults, as a user would run it (guards and all).
 
     It compiles on its first call, which the caller's output check makes before any timing;
@@ -71,14 +95,24 @@ def _compile(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float 
 
 
 def _compile_cudagraphs(
-    gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None
+    gm: fx.GraphModule,
+    inputs: tuple,
+    workdir: Path,
+    timeout_s: float | None,
+    children: Children | None = None,
 ) -> Built:
     """torch.compile's "reduce-overhead" mode: inductor's kernels replayed from CUDA graphs
     (as `_compile`, it compiles on its first call, in this process)."""
     return Built(torch.compile(gm, mode="reduce-overhead"))
 
 
-def _cudagraph(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
+def _cudagraph(
+    gm: fx.GraphModule,
+    inputs: tuple,
+    workdir: Path,
+    timeout_s: float | None,
+    children: Children | None = None,
+) -> Built:
     """The module as it is (the original, or rewritten by the passes) replayed from a CUDA
     graph per input signature (`tuner.backends.cuda_graphs`); captured on its first call."""
     from tuner.backends.cuda_graphs import GraphedModule
@@ -86,7 +120,13 @@ def _cudagraph(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: floa
     return Built(GraphedModule(gm))
 
 
-def _xla(gm: fx.GraphModule, inputs: tuple, workdir: Path, timeout_s: float | None) -> Built:
+def _xla(
+    gm: fx.GraphModule,
+    inputs: tuple,
+    workdir: Path,
+    timeout_s: float | None,
+    children: Children | None = None,
+) -> Built:
     return Built(torch.compile(gm, backend="openxla"))
 
 
@@ -98,7 +138,7 @@ def xla_available() -> bool:
     return True
 
 
-BACKENDS: dict[str, Callable[[fx.GraphModule, tuple, Path, float | None], Built]] = {
+BACKENDS: dict[str, Callable[..., Built]] = {
     "eager": _eager,
     "inductor": _inductor,
     "compile": _compile,
@@ -166,25 +206,28 @@ def build(
     workdir: Path,
     timeout_s: float | None = None,
     probe: bool = False,
+    children: Children | None = None,
 ) -> Built:
     """A runner for `gm`; with `timeout_s`, an ahead-of-time compile runs in a child process
     and raises `tuner.backends.isolation.CompileOverrun` when it does not finish in that
     time, and with `probe` too, a backend of `PROBED` is first built and run once in a child
-    (raising `CompileCrashed` if the child dies), its times recorded in the result."""
+    (raising `CompileCrashed` if the child dies), its times recorded in the result.
+    `children`: where those children come from (`tuner.backends.isolation.Children`: started
+    ahead), else one is started for each."""
     try:
         make = BACKENDS[backend]
     except KeyError:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}") from None
     workdir.mkdir(parents=True, exist_ok=True)
     if not (probe and backend in PROBED and timeout_s is not None):
-        return make(gm, inputs, workdir, timeout_s)
+        return make(gm, inputs, workdir, timeout_s, children)
     from tuner.backends.isolation import probe_in_child
     from tuner.graph.capture import to_program
 
     path = workdir / f"{uuid.uuid4().hex}.probe.pt2"
     torch.export.save(to_program(gm, tuple(inputs)), path)
-    probed = probe_in_child(path, backend, timeout_s=timeout_s)
-    built = make(gm, inputs, workdir, timeout_s)
+    probed = probe_in_child(path, backend, timeout_s=timeout_s, children=children)
+    built = make(gm, inputs, workdir, timeout_s, children)
     built.compile_s, built.overhead_s = probed.compile_s, probed.seconds - probed.compile_s
     return built
 

@@ -94,7 +94,13 @@ class InferenceStep:
         started = time.monotonic()
         try:
             built = backends.build(
-                cand.backend, t.gm, t.inputs, run.workdir, timeout_s=left, probe=run.isolate
+                cand.backend,
+                t.gm,
+                t.inputs,
+                run.workdir,
+                timeout_s=left,
+                probe=run.isolate,
+                children=run.options.children,
             )
         except CompileOverrun:
             # At least this long: the next compile of this size will be skipped, not started.

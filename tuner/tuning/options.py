@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from tuner.contract.config import Mode
 from tuner.contract.device import CPU, Device
 from tuner.contract.errors import InputError
 from tuner.contract.training import OPTIMIZER_NAMES
 from tuner.host.load import CoreLoad
+
+if TYPE_CHECKING:
+    from tuner.backends.isolation import Children
 
 # The options that only some modes take, and those modes (the rest apply to every mode).
 MODE_ONLY: dict[str, tuple[Mode, ...]] = {"optimizer": ("train",)}
@@ -48,6 +51,17 @@ class TuneOptions:
     # that crashes (a segfault, a CUDA error) is recorded as such and tuning goes on; None: on
     # CUDA only, where such crashes were seen and a compile costs more than the child.
     isolate_compiles: bool | None = None
+    # Where compile children come from (`tuner.backends.isolation.Children`); `tuning_session`
+    # makes one for the run (started ahead where compiles are isolated). None: one per compile.
+    children: Children | None = None
+
+    @property
+    def isolates(self) -> bool:
+        """Whether compiled candidates are built in a child first (`isolate_compiles`
+        resolved: on CUDA unless said otherwise)."""
+        if self.isolate_compiles is None:
+            return self.device.kind == "cuda"  # type: ignore[union-attr]  # parsed below
+        return self.isolate_compiles
 
     def __post_init__(self) -> None:
         self.device = Device.parse(self.device)

@@ -94,7 +94,6 @@ class TuningRun:
         if options.workdir is None:
             raise ValueError("Tuner needs a work folder: open a tuning_session(options) first")
         hardware = describe(device)
-        isolate = options.isolate_compiles
         load = options.load or sample_load()
         return cls(
             options=options,
@@ -104,7 +103,7 @@ class TuningRun:
             cache=open_decision_cache(options.cache_path),
             compile_times=CompileTimes.for_cache(options.cache_path, load.slowdown),
             workdir=options.workdir,
-            isolate=device.kind == "cuda" if isolate is None else isolate,
+            isolate=options.isolates,
             load=load,
             clock=timing_clock(device, hardware["threads"], load.shared),
         )

@@ -29,6 +29,7 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from tuner.backends import registry as backends
+from tuner.backends.isolation import Children
 from tuner.contract.config import Figures, TunedConfig
 from tuner.graph.capture import on_device, to_graph_module
 from tuner.graph.fingerprint import graph_fingerprint
@@ -92,15 +93,22 @@ def tuning_session(options: TuneOptions) -> Iterator[TuneOptions]:
     """The run's thread count and work folder, both undone on exit; owned by the caller.
 
     The caller keeps the session open while it uses the outcome (the CLI copies the chosen
-    package out of the work folder), and nothing outlives it: torch's thread count is restored
-    and the folder of compiled packages removed (a folder the caller gave stays theirs).
+    package out of the work folder), and nothing outlives it: torch's thread count is restored,
+    the folder of compiled packages removed (a folder the caller gave stays theirs) and a
+    compile child started ahead (`Children`, where compiles are isolated) ended.
     """
     with fixed_threads(options.threads), ExitStack() as stack:
         workdir = options.workdir
         if workdir is None:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fxtune-"))
             workdir = Path(folder)
-        yield dataclasses.replace(options, workdir=workdir)
+        children = options.children
+        if children is None:
+            device = options.device
+            on = str(device) if device.kind == "cuda" else None  # type: ignore[union-attr]
+            children = stack.enter_context(Children(ahead=options.isolates, device=on))
+            children.start()
+        yield dataclasses.replace(options, workdir=workdir, children=children)
 
 
 def _silent(_fraction: float, _message: str) -> None:

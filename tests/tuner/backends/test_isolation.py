@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,55 @@ def test_crashing_candidates_are_recorded_and_tuning_goes_on(
     assert any(f.verdict in ("faster", "slower", "within noise") for f in eager), figures
     assert outcome.config.whole_model.backend == "eager"
     assert outcome.config.verification.passed
+    assert _waiting_children() == set()  # the child started ahead ended with the session
+
+
+def _waiting_children() -> set[int]:
+    """This process's children that wait for a compile job (`tuner.backends.child --wait`)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and b"--wait" in cmdline and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _saved_program(tmp_path: Path) -> Path:
+    path = tmp_path / "program.pt2"
+    torch.export.save(export_module(torch.nn.Linear(4, 2).eval(), (torch.randn(3, 4),)), path)
+    return path
+
+
+def test_children_started_ahead_do_one_job_each_and_end_with_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next child starts while the current one works, so a job waits only for its own
+    work; each child still does one job (a crash ends only its own), and none outlives the
+    run."""
+    path = _saved_program(tmp_path)
+    with isolation.Children(ahead=True) as children:
+        children.start()
+        first = _waiting_children()
+        assert len(first) == 1
+        done = isolation.probe_in_child(path, "eager", timeout_s=120, children=children)
+        assert 0 <= done.compile_s <= done.seconds
+        second = _waiting_children()
+        assert len(second) == 1 and second != first  # the first did its job and ended
+        monkeypatch.setattr(isolation, "CHILD_MODULE", CRASHING)
+        # the job goes to the child already waiting (a real one); the one after it crashes
+        isolation.probe_in_child(path, "eager", timeout_s=120, children=children)
+        third = _waiting_children()
+        assert len(third) == 1 and third != second
+        with pytest.raises(isolation.CompileCrashed, match="SIGSEGV"):  # a crashing one now
+            isolation.probe_in_child(path, "compile", timeout_s=120, children=children)
+    assert _waiting_children() == set()
+
+
+def test_without_children_each_compile_starts_its_own(tmp_path: Path) -> None:
+    done = isolation.probe_in_child(_saved_program(tmp_path), "eager", timeout_s=120)
+    assert done.compile_s <= done.seconds
+    assert _waiting_children() == set()
