@@ -110,3 +110,29 @@ def test_on_an_unchecked_torch_the_check_runs_with_the_override_and_says_so(
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     assert "unchecked_torch" not in gpu_check._machine(Device.parse("cpu"))
     assert ALLOW_ENV not in os.environ
+
+
+@pytest.mark.slow
+def test_a_peer_that_crashes_costs_its_column_not_the_row(tmp_path: Path) -> None:
+    """On the H200 (torch 2.11) loading an AOTInductor package segfaulted, and with every peer
+    built in the row's process each model's row died "building the peers", its other figures
+    lost. AOTInductor is now built and timed in a process of its own, under faulthandler."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "bench.gpu_check", "--out", str(out), "--device", "cpu",
+        "--checks", "models", "--models",
+        "--model", "aoti_crash=tests.bench.gpu_check_models:aoti_segfaults",
+        "--peers", "AOTInductor", "--tune-budget-s", "2", "--compare-s", "1",
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
+    )
+    row = json.loads((out / "gpu-check.json").read_text())["models"][0]
+    crashed = "crashed: signal 11 (SIGSEGV) during building"
+    assert row["status"] == f"peers not timed: AOTInductor: {crashed}", done.stdout + done.stderr
+    assert row["outputs"] == "equal" and set(row["speedups"]) == {"eager", "AOTInductor"}
+    assert row["speedups"]["AOTInductor"]["speedup"] is None
+    assert row["speedups"]["AOTInductor"]["text"] == crashed
+    peer_log = out / "logs" / "mlp_dynamic" / "mlp_dynamic.aotinductor.log"
+    assert "Fatal Python error: Segmentation fault" in peer_log.read_text()
+    assert done.returncode == 1
