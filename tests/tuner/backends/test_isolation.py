@@ -79,17 +79,16 @@ def test_children_started_ahead_do_one_job_each_and_end_with_the_run(
         children.start()
         first = _waiting_children()
         assert len(first) == 1
+        monkeypatch.setattr(isolation, "CHILD_MODULE", CRASHING)
+        # the job goes to the child already waiting (a real one); the one after it crashes
         done = isolation.probe_in_child(path, "eager", timeout_s=120, children=children)
         assert 0 <= done.compile_s <= done.seconds
         second = _waiting_children()
         assert len(second) == 1 and second != first  # the first did its job and ended
-        monkeypatch.setattr(isolation, "CHILD_MODULE", CRASHING)
-        # the job goes to the child already waiting (a real one); the one after it crashes
-        isolation.probe_in_child(path, "eager", timeout_s=120, children=children)
+        with pytest.raises(isolation.CompileCrashed, match="SIGSEGV"):
+            isolation.probe_in_child(path, "compile", timeout_s=120, children=children)
         third = _waiting_children()
         assert len(third) == 1 and third != second
-        with pytest.raises(isolation.CompileCrashed, match="SIGSEGV"):  # a crashing one now
-            isolation.probe_in_child(path, "compile", timeout_s=120, children=children)
     assert _waiting_children() == set()
 
 
