@@ -288,6 +288,10 @@ def tune_cmd(
         f"verified: {cfg.verification.passed}; {cfg.tuning['timed_candidates']} timed candidates, "
         f"{cfg.tuning['cache_hits']} cache hits, {cfg.tuning['seconds']} s"
     )
+    steps = cfg.tuning.get("seconds_by_step") or {}
+    if steps:
+        spent = ", ".join(f"{step} {s:.1f} s" for step, s in steps.items() if s >= 0.05)
+        target.print(f"where the time went: {spent}")
 
 
 @app.command("profile")

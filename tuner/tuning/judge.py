@@ -67,7 +67,8 @@ class Judge:
         if skip is not None:
             return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=skip)
         try:
-            built = self.kind.build(cand, self.budget.build_timeout(left))
+            with self.run.clocked("building"):
+                built = self.kind.build(cand, self.budget.build_timeout(left))
         except CompileOverrun as exc:
             failures.fallback(exc, f"building candidate {cand.name}")
             return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=str(exc))
@@ -129,7 +130,8 @@ class Judge:
         the comparison gets `timing_s` (default: the whole-model budget)."""
         pack = cand.transformed.pack
         try:
-            wrong = self.kind.check(gm0, inputs, runner, pack)
+            with self.run.clocked("checking outputs"):
+                wrong = self.kind.check(gm0, inputs, runner, pack)
         except Exception as exc:
             reason = failures.fallback(exc, f"checking candidate {cand.name}").reason
             return {"verdict": Verdict.FAILED_TO_RUN, "reason": reason}, None
@@ -137,13 +139,16 @@ class Judge:
             return {"verdict": Verdict.WRONG_OUTPUTS, "reason": wrong}, None
         baseline, candidate = self.kind.baseline(gm0), self.kind.timed_call(runner)
         packed = pack(inputs)
-        c = compare(
-            lambda: baseline(*inputs),
-            lambda: candidate(*packed),
-            device=self.run.device,
-            budget_s=min(timing_s, self.run.remaining()) if timing_s else self.run.timing_budget(),
-            clock=self.run.clock,
-        )
+        with self.run.clocked("timing"):
+            c = compare(
+                lambda: baseline(*inputs),
+                lambda: candidate(*packed),
+                device=self.run.device,
+                budget_s=min(timing_s, self.run.remaining())
+                if timing_s
+                else self.run.timing_budget(),
+                clock=self.run.clock,
+            )
         self.run.timed += 1
         if c.rounds == 0:
             reason = "no timed round fitted in what was left of the time budget"

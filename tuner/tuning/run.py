@@ -9,7 +9,8 @@ has timed. The steps themselves are in their own modules (`tuner.tuning.tuner` l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class TuningRun:
     timed: int = 0  # comparisons made, sites and whole-model candidates together
     points: list[SizePoint] = field(default_factory=list)  # the example size first, then more
     model_time_s: float | None = None  # the original's seconds per call (CPU)
+    spent: dict[str, float] = field(default_factory=dict)  # seconds per step (`clocked`)
     size_time_s: dict[str, float] = field(default_factory=dict)  # the same at further sizes
     peer_notes: list[str] = field(default_factory=list)  # what the peers were expected to cost
     candidates: list[Candidate] = field(default_factory=list)  # every one judged, once judged
@@ -114,6 +116,16 @@ class TuningRun:
         if self.references is None or self.references.reference is not gm0:
             self.references = ReferenceMemo(gm0)
         return self.references
+
+    @contextmanager
+    def clocked(self, step: str) -> Iterator[None]:
+        """Adds the block's seconds to `spent[step]`: where the budget went, in the report
+        (`tuning.seconds_by_step`), so a run that ran out of time says on what."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.spent[step] = self.spent.get(step, 0.0) + time.monotonic() - began
 
     def remaining(self) -> float:
         """Seconds left for tuning proper (the finishing share of the budget excluded)."""

@@ -21,6 +21,7 @@ def tuned_config(
     verified: Verified,
 ) -> TunedConfig:
     chosen = verified.candidate
+    seconds = time.monotonic() - run.started
     return TunedConfig(
         mode=mode,
         model_fingerprint=fingerprint,
@@ -33,7 +34,9 @@ def tuned_config(
         whole_model=verified.figures,
         verification=verified.verification,
         tuning={
-            "seconds": round(time.monotonic() - run.started, 2),
+            "seconds": round(seconds, 2),
+            # Where they went (`TuningRun.clocked`); "other": planning, profiles, choosing.
+            "seconds_by_step": _by_step(run.spent, seconds),
             "budget_s": run.options.budget_s,
             # Other work on the cores as the run began; compile estimates were scaled by it.
             "load": {**dataclasses.asdict(run.load), "slowdown": round(run.load.slowdown, 2)},
@@ -53,3 +56,9 @@ def tuned_config(
         shapes=captured.spec.to_dict() if captured.spec is not None else {},
         refusals=search.refusals,
     )
+
+
+def _by_step(spent: dict[str, float], seconds: float) -> dict[str, float]:
+    steps = {step: round(s, 2) for step, s in spent.items()}
+    steps["other"] = round(max(seconds - sum(spent.values()), 0.0), 2)
+    return steps

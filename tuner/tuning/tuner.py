@@ -127,14 +127,16 @@ class Tuner:
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         run, kind, say = self.run, self.kind, progress or _silent
         run.started = run.options.started or time.monotonic()
+        run.spent["loading"] = time.monotonic() - run.started  # by the caller, in the budget
         # The fingerprint of the program as exported (deployments compute it on theirs), then
         # the program itself on the device: torch.export's pass also moves devices baked into
         # the graph, where `module.to()` would leave them on the CPU. The caller's program moves.
-        fingerprint = graph_fingerprint(to_graph_module(program))
-        if run.device.kind != "cpu":
-            program = on_device(program, run.device.torch_device)
-        captured = kind.capture(program, say)
-        run.model_time_s = model_time_s(run, kind.baseline(captured.gm), captured)
+        with run.clocked("capture"):
+            fingerprint = graph_fingerprint(to_graph_module(program))
+            if run.device.kind != "cpu":
+                program = on_device(program, run.device.torch_device)
+            captured = kind.capture(program, say)
+            run.model_time_s = model_time_s(run, kind.baseline(captured.gm), captured)
         search, run.candidates, figures = self._search_and_judge(captured, say)
         runoff = self.judge.runoff(captured, run.candidates, figures, say)
         epsilon = run.options.epsilon
@@ -142,7 +144,8 @@ class Tuner:
             captured, run.candidates, figures, run.peer_notes, runoff, epsilon
         )
         say(0.85, "verifying")
-        verified, buckets = self._verify(program, captured, figures, chosen_fig, chosen)
+        with run.clocked("verification"):
+            verified, buckets = self._verify(program, captured, figures, chosen_fig, chosen)
         config = tuned_config(run, kind.mode, fingerprint, captured, search, figures, verified)
         config = kind.finish(config, captured, verified)
         config.buckets = [b.bucket for b in buckets.outcomes]
@@ -167,7 +170,8 @@ class Tuner:
         early, building_s = first, 0.0
         if (last and not first) or any(c.backend not in backends.COMPILING for c in first):
             began = time.monotonic()
-            blind = kind.candidates(gm0, inputs, [], kind.passes())
+            with self.run.clocked("applying passes"):
+                blind = kind.candidates(gm0, inputs, [], kind.passes())
             building_s = time.monotonic() - began  # applying every pass, as after the search
             if first:
                 early = first + self.budget.uncompiled_with_passes(blind, first, say)
@@ -175,9 +179,11 @@ class Tuner:
                 early = self.budget.stand_ins(blind, say)
         figures = self.judge.all(captured, early, say, (0.05, 0.3))
         deadline = self.budget.search_deadline(early, figures, building_s)
-        search = self._search(captured, say, deadline)
+        with self.run.clocked("site search"):
+            search = self._search(captured, say, deadline)
         known = {identity(c) for c in peers + early}
-        rest = kind.candidates(gm0, inputs, search.steps, kind.passes())
+        with self.run.clocked("applying passes"):
+            rest = kind.candidates(gm0, inputs, search.steps, kind.passes())
         rest = [c for c in rest if identity(c) not in known]
         points, wanted = self.run.points, self.run.backends()
         decisions, have = search.decisions, peers + early + rest

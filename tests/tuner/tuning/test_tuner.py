@@ -131,6 +131,11 @@ def test_cli_tune_writes_program_and_report(tmp_path: Path) -> None:
     assert set(doc["profiles"]) == {"baseline", "tuned"}
     assert (report.parent / doc["artifacts"]["traces"]["baseline"]).exists()
     TunedConfig.model_validate(doc["config"])
+    tuning = doc["config"]["tuning"]
+    steps = tuning["seconds_by_step"]  # where the budget went, each step once
+    assert {"loading", "capture", "site search", "verification", "other"} <= set(steps)
+    assert abs(sum(steps.values()) - tuning["seconds"]) < 0.1
+    assert "where the time went: " in result.output
     tuned = torch.export.load(out).module()
     x = torch.randn(16, 128)
     original = torch.export.load(model).module()
