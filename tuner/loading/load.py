@@ -255,17 +255,18 @@ def load_program(path: Path | str, limits: ArchiveLimits | None = None) -> Expor
     """Load a `.pt2` written by `torch.export.save`, refusing anything that could run code."""
     archive, raw_program = _checked(path, limits)
     serialize = _serde()
-    state_dict = _PayloadReader(archive, "data/weights", "weight_").all(WEIGHTS_CONFIG)
-    constants = (
-        _PayloadReader(archive, "data/constants", "tensor_").all(CONSTANTS_CONFIG)
-        if archive.has(CONSTANTS_CONFIG)
-        else {}
-    )
-    inputs = None
-    if archive.has(SAMPLE_INPUTS):
-        inputs = _unpickle(archive.read(SAMPLE_INPUTS), "the sample inputs")
-        if not (isinstance(inputs, tuple) and len(inputs) == 2):
-            raise ArtifactFormatError("the sample inputs are not an (args, kwargs) pair")
+    with archive.kept_open():
+        state_dict = _PayloadReader(archive, "data/weights", "weight_").all(WEIGHTS_CONFIG)
+        constants = (
+            _PayloadReader(archive, "data/constants", "tensor_").all(CONSTANTS_CONFIG)
+            if archive.has(CONSTANTS_CONFIG)
+            else {}
+        )
+        inputs = None
+        if archive.has(SAMPLE_INPUTS):
+            inputs = _unpickle(archive.read(SAMPLE_INPUTS), "the sample inputs")
+    if inputs is not None and not (isinstance(inputs, tuple) and len(inputs) == 2):
+        raise ArtifactFormatError("the sample inputs are not an (args, kwargs) pair")
     artifact = serialize.SerializedArtifact(raw_program, state_dict, constants, inputs)
     try:
         with _DESERIALIZE:

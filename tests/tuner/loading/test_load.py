@@ -249,3 +249,25 @@ def test_concurrent_loads_leave_torch_load_alone(hostile: dict[str, Path], tmp_p
     user.join()
     assert failures == []
     assert torch.load is torch.serialization.load
+
+
+def test_a_program_with_many_tensors_reads_its_zip_directory_a_few_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened once per tensor, zipfile parsed the whole central directory each time
+    (efficientnet_b0's 360 tensors: 0.6 s of a 2.5 s load); the reads now share one open zip."""
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(40)]).eval()
+    path = save_program(export_module(model, (torch.randn(2, 4),)), tmp_path / "many.pt2")
+    opened: list[object] = []
+
+    class Counted(zipfile.ZipFile):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            opened.append(args[0])
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(zipfile, "ZipFile", Counted)
+    program = load_program(path)
+    assert len(program.state_dict) == 80
+    assert len(opened) <= 10, f"the zip was opened {len(opened)} times"  # 88 before
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(program.module()(x), model(x))
