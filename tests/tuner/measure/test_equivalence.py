@@ -6,6 +6,8 @@ error is not. The tests at the end pin where unifying the rules changed what is 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import fx, nn
@@ -23,6 +25,7 @@ from tuner.measure.equivalence import (
     output_errors,
     outputs_mismatch,
 )
+from tuner.measure.inputs import fresh_inputs
 
 
 class HalfChain(nn.Module):
@@ -285,3 +288,25 @@ def test_check_with_errors_gives_the_figures_output_errors_gives() -> None:
     right, figures = reference.check_with_errors(lambda x: x * 4 + 1e-7)
     assert right is None
     assert figures == output_errors(lambda x: x * 4, lambda x: x * 4 + 1e-7, trials)
+
+
+def test_checking_a_compiled_candidate_does_not_compile_it_again() -> None:
+    """The tuner builds torch.compile candidates with one call under inference mode on plain
+    inputs, and times them that way; the check cloned its inputs inside inference mode, and
+    inference tensors fail dynamo's dispatch-key guard: every torch.compile candidate compiled
+    twice (15 s of recsys_dyn's 60 s budget here went to its check)."""
+    compiles: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        compiles.append(1)
+        return gm.forward
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    inputs = (torch.randn(2, 4),)
+    compiled = torch.compile(model, backend=counting)
+    with torch.inference_mode():
+        compiled(*inputs)  # as the tuner builds it
+    assert check_outputs(model, compiled, [inputs, *fresh_inputs(inputs, 2)]) is None
+    assert output_errors(model, compiled, [inputs]).max_abs == 0.0
+    assert len(compiles) == 1
