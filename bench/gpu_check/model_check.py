@@ -167,7 +167,7 @@ def _check_infer(
     pack: Callable[[tuple[Any, ...]], tuple[Any, ...]],
     row: Row,
 ) -> None:
-    from bench.run import PEERS, built_now, peers, ratio
+    from bench.run import PEERS, built_now, ratio
     from tuner.graph.capture import example_inputs
     from tuner.measure.equivalence import check_outputs, output_errors
 
@@ -206,10 +206,7 @@ def _check_infer(
             if why:
                 failed.append(f"{peer}: {why}")
             continue
-        runner = peers(device, original, inputs, work, spec.name, names=[peer])[peer]
-        with torch.inference_mode():
-            base = partial(runner, *inputs)
-            speedups[peer] = _figures(ratio(base, ours, job["compare_s"], device))
+        speedups[peer] = _timed_peer(job, spec, peer, original, ours)
     row.data["status"] = _status(mismatch, speedups, device, failed)
     row.stage("done", speedups=speedups)
 
@@ -244,7 +241,7 @@ ISOLATED_PEERS = ("AOTInductor",)
 def time_peer(job: dict[str, Any], spec: ModelSpec, row: Row) -> None:
     """One peer's row (`_against_peer`): the peer built from the original, then timed against
     what shipped, interleaved in this process."""
-    from bench.run import built_now, peers, ratio
+    from bench.run import built_now
     from tuner.deploy.replay import apply_config
     from tuner.graph.capture import example_inputs
     from tuner.loading.load import load_program
@@ -256,17 +253,28 @@ def time_peer(job: dict[str, Any], spec: ModelSpec, row: Row) -> None:
     pack = apply_config(load_program(built_path), report["config"]).pack
     original = _load_original(built_path, device)
     shipped = _shipped_infer(work, device, report, [])
-    inputs = example_inputs(original)
-    packed = pack(inputs)
+    packed = pack(example_inputs(original))
     row.stage("building", peer=job["peer"])
-    runner = peers(device, original, inputs, work, spec.name, names=[job["peer"]])[job["peer"]]
     built_now(shipped, packed)
-    row.stage("timing")
-    with torch.inference_mode():
-        base, ours = partial(runner, *inputs), partial(shipped, *packed)
-        figures = ratio(base, ours, job["compare_s"], device)
+    figures = _timed_peer(job, spec, job["peer"], original, partial(shipped, *packed))
     row.data["status"] = "ok"
-    row.stage("done", speedup=_figures(figures))
+    row.stage("done", speedup=figures)
+
+
+def _timed_peer(
+    job: dict[str, Any], spec: ModelSpec, peer: str, original: Any, ours: Callable[[], Any]
+) -> dict[str, Any]:
+    """`peer` of the original, built now, then timed against `ours` (interleaved): its
+    figures. In the row's process, or in one of its own (`time_peer`)."""
+    from bench.run import peers, ratio
+    from tuner.graph.capture import example_inputs
+
+    device = Device.parse(job["device"])
+    inputs = example_inputs(original)
+    work = Path(job["work"]) / spec.name
+    runner = peers(device, original, inputs, work, spec.name, names=[peer])[peer]
+    with torch.inference_mode():
+        return _figures(ratio(partial(runner, *inputs), ours, job["compare_s"], device))
 
 
 def _check_train(
