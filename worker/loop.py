@@ -288,11 +288,10 @@ class Worker:
             mb = self.settings.worker_memory_mb
             share = self.settings.worker_memory_fraction
             address_space = mb * 1024 * 1024 if mb else int(physical_memory_bytes() * share)
-        return Limits(
-            wall_s=wall,
-            cpu_s=int(wall * (os.cpu_count() or 1)) + 60,
-            address_space_bytes=address_space,
-        )
+        # No CPU-time limit: the wall timeout already ends the job's process group, and under
+        # RLIMIT_CPU Linux reads the process CPU clock from ticks (4 ms steps), which the
+        # tuner then cannot time with beside other work (`tuner.measure.timing.FINE_CLOCK_NS`).
+        return Limits(wall_s=wall, address_space_bytes=address_space)
 
     def sandbox(self, job: Assignment) -> Sandbox:
         """The job's isolation; only the decision cache's folder is writable besides the job's."""

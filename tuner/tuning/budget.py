@@ -15,7 +15,7 @@ from collections.abc import Callable
 from tuner.backends import registry as backends
 from tuner.contract.config import Figures, Verdict
 from tuner.graph.sizes import SizePoint
-from tuner.measure.timing import fixed_threads, quick_per_call_s
+from tuner.measure.timing import fixed_threads, process_clock_step_ns, quick_per_call_s
 from tuner.search.site_search import Progress
 from tuner.tuning.candidates import Candidate
 from tuner.tuning.run import FINISH_SHARE, Captured, TuningRun
@@ -164,6 +164,12 @@ class Budget:
                 if run.clock == "cpu"
                 else "timings are noisier"
             )
+            if run.clock == "wall" and run.hardware["threads"] == 1 and run.device.kind == "cpu":
+                step = (process_clock_step_ns() or 0) / 1e6
+                timed += (
+                    f" (this process's CPU clock moves in {step:.0f} ms steps, as it does under "
+                    "a CPU-time limit: too coarse to time calls, so the wall clock times them)"
+                )
             run.peer_notes.append(
                 f"{run.load.describe()}: tuning on {run.hardware['threads']} of "
                 f"{run.load.cores} threads, compiles are expected to take "

