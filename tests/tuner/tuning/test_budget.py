@@ -218,3 +218,46 @@ def test_every_pass_under_a_peer_that_needs_no_compile_is_judged_with_the_peers(
     run.remaining = lambda: 0.5  # not even its check fits
     assert Budget(run, None).uncompiled_with_passes(blind, first, lambda _f, _m: None) == []  # type: ignore[arg-type]
     assert Budget(run, None).uncompiled_with_passes(blind, first[1:], lambda _f, _m: None) == []  # type: ignore[arg-type]
+
+
+def test_the_fastest_peer_goes_first_where_its_measured_build_fits_alone() -> None:
+    """On a CPU at 60 s torch.compile (the quicker build) went first and AOTInductor, faster on
+    every zoo model, never fitted after it. Where this machine has built AOTInductor before and
+    that build fits alone, it goes first; not on a guess (the prior), nor at several sizes."""
+    from types import SimpleNamespace
+
+    from tuner.tuning.budget import Budget
+
+    graph = SimpleNamespace(gm=SimpleNamespace(graph=SimpleNamespace(nodes=[None] * 100)))
+
+    def peer(backend: str) -> SimpleNamespace:
+        return SimpleNamespace(name=backend, backend=backend, passes=[], transformed=graph)
+
+    def plan(times: CompileTimes, points: int = 1, kind: str = "cpu") -> tuple[list, list, list]:
+        run = SimpleNamespace(
+            model_time_s=0.01,
+            peer_notes=[],
+            remaining=lambda: 45.0,
+            load=SimpleNamespace(shared=False),
+            compile_times=times,
+            hardware_key="hw",
+            options=SimpleNamespace(budget_s=60.0),
+            device=SimpleNamespace(kind=kind),
+            points=[None] * points,
+        )
+        first, last = Budget(run, None).plan_peers(  # type: ignore[arg-type]
+            [peer("inductor"), peer("compile")], lambda _f, _m: None
+        )
+        return [c.name for c in first], [c.name for c in last], run.peer_notes
+
+    measured = CompileTimes(None)
+    measured.record("hw", "compile", nodes=100, seconds=20.0)
+    measured.record("hw", "inductor", nodes=100, seconds=35.0)
+    first, last, notes = plan(measured)
+    assert (first, last) == (["inductor"], ["compile"])
+    assert any("inductor goes first though it is not the quickest to build" in n for n in notes)
+    assert plan(measured, points=2)[:2] == (["compile"], ["inductor"])
+    assert plan(measured, kind="cuda")[:2] == (["compile"], ["inductor"])
+    guessed = CompileTimes(None)  # the prior says AOTInductor fits alone: not enough
+    guessed.record("hw", "compile", nodes=100, seconds=20.0)
+    assert plan(guessed)[:2] == (["compile"], ["inductor"])
