@@ -66,19 +66,6 @@ __all__ = [
 # made free, they could not move a whole-model comparison beyond its noise
 # (tuner.search.site_search).
 NOISE_SHARE = 0.25
-# On a CPU only AOTInductor builds in a child. One started ahead (Python, torch and Inductor
-# imports: 4-5 s of one core here) pays only where such a build can fit: none fitted under
-# this budget on 2 cores (the quickest measured, recsys_dyn's, 38 s).
-AHEAD_ON_CPU_BUDGET_S = 30.0
-
-
-def _starts_children_ahead(options: TuneOptions) -> bool:
-    """Where compiles are isolated (CUDA), or a CPU run long enough for an AOTInductor build."""
-    if options.isolates:
-        return True
-    device = options.device
-    wanted = options.backends or backends.available_backends(device)  # type: ignore[arg-type]
-    return "inductor" in wanted and options.budget_s >= AHEAD_ON_CPU_BUDGET_S
 
 
 @dataclass
@@ -119,8 +106,7 @@ def tuning_session(options: TuneOptions) -> Iterator[TuneOptions]:
         if children is None:
             device = options.device
             on = str(device) if device.kind == "cuda" else None  # type: ignore[union-attr]
-            ahead = _starts_children_ahead(options)
-            children = stack.enter_context(Children(ahead=ahead, device=on))
+            children = stack.enter_context(Children(ahead=options.isolates, device=on))
             children.start()
         yield dataclasses.replace(options, workdir=workdir, children=children)
 

@@ -100,15 +100,3 @@ def test_without_children_each_compile_starts_its_own(tmp_path: Path) -> None:
     done = isolation.probe_in_child(_saved_program(tmp_path), "eager", timeout_s=120)
     assert done.compile_s <= done.seconds
     assert _waiting_children() == set()
-
-
-def test_a_cpu_run_starts_its_compile_child_ahead_only_where_an_aotinductor_build_can_fit() -> None:
-    """Started ahead, the child's imports (4-5 s of one core) are not paid in the AOTInductor
-    build (recsys_dyn at 60 s: building 44.5 -> 37.5 s); a run too short for that build, or
-    without the backend, starts none."""
-    from tuner.tuning.tuner import _starts_children_ahead
-
-    assert _starts_children_ahead(TuneOptions(budget_s=60))
-    assert not _starts_children_ahead(TuneOptions(budget_s=10))
-    assert not _starts_children_ahead(TuneOptions(budget_s=60, backends=["eager", "compile"]))
-    assert _starts_children_ahead(TuneOptions(budget_s=10, isolate_compiles=True))
