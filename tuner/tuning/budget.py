@@ -183,6 +183,7 @@ class Budget:
                 f"{run.load.slowdown:.1f}x as long as on a quiet machine, and {timed}"
             )
         estimates: dict[str, float] = {}
+        measured_here: set[str] = set()
         for cand in peers:
             if cand.backend not in backends.COMPILING:
                 continue
@@ -190,12 +191,14 @@ class Budget:
                 run.hardware_key, cand.backend, self._nodes(cand)
             )
             estimates[cand.backend] = estimate
+            if measured:
+                measured_here.add(cand.backend)
             source = "from this machine's compiles" if measured else "nothing measured here yet"
             note = f"{cand.backend}: compile estimated at {estimate:.0f} s ({source})"
             run.peer_notes.append(note)
         planned = {c.backend: self._planned(c) for c in peers if c.backend in estimates}
         first, last = self._quickest_first(peers, planned, left, [])
-        fastest = self._fastest_that_fits(last, planned, left)
+        fastest = self._fastest_that_fits(last, planned, measured_here, left)
         if fastest is not None:
             first, last = self._quickest_first(peers, planned, left, [fastest])
             run.peer_notes.append(
@@ -246,23 +249,25 @@ class Budget:
         return first, last
 
     def _fastest_that_fits(
-        self, last: list[Candidate], planned: dict[str, float], left: float
+        self,
+        last: list[Candidate],
+        planned: dict[str, float],
+        measured_here: set[str],
+        left: float,
     ) -> Candidate | None:
         """The device's fastest peer (FASTEST_PEER), where it was left out of `first` but its
-        build, measured on this machine before, fits alone. Not where it is timed at several
-        sizes: there its timing needs more than one check's time (recsys_dyn at 60 s: its
-        package built in 37 s, then no round fitted at batch 4096, and the original shipped)."""
+        build, measured on this machine before (`measured_here`), fits alone. Not where it is
+        timed at several sizes: there its timing needs more than one check's time (recsys_dyn
+        at 60 s: its package built in 37 s, then no round fitted at batch 4096, and the original
+        shipped)."""
         run = self.run
         if len(run.points) > 1:
             return None
         name = FASTEST_PEER.get(run.device.kind)
         for cand in last:
-            if cand.backend != name:
+            if cand.backend != name or cand.backend not in measured_here:
                 continue
-            _, measured = run.compile_times.planning_estimate(
-                run.hardware_key, cand.backend, self._nodes(cand)
-            )
-            if measured and planned[cand.backend] + self._check_s() <= left:
+            if planned[cand.backend] + self._check_s() <= left:
                 return cand
         return None
 
