@@ -24,6 +24,7 @@ import fcntl
 import itertools
 import json
 import os
+import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,15 @@ def _locked(path: Path, mode: int) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this worker and of the children it has reaped: a test whose CPU time is
+    far below its wall time waits (on a service, a sleep), one near it computes."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 ROOM, TURNSTILE = "fxtune-tests.lock", "fxtune-tests.turnstile"
@@ -82,6 +92,7 @@ class Turns:
     @contextlib.contextmanager
     def turn(self, test: str, serial: bool, next_serial: bool) -> Iterator[None]:
         asked = time.time()
+        cpu_before = _cpu_s()
         if not serial and self._held is not None:  # never wait on this worker's own lock
             self._held.close()
             self._held = None
@@ -99,7 +110,7 @@ class Turns:
                     self._held = None
         if self.timeline is not None:
             line = {"worker": os.getpid(), "test": test, "serial": serial}
-            line.update(asked=asked, got=got, ended=time.time())
+            line.update(asked=asked, got=got, ended=time.time(), cpu_s=_cpu_s() - cpu_before)
             with self.timeline.open("a") as f:
                 f.write(json.dumps(line) + "\n")
 
