@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,30 @@ def test_without_children_each_compile_starts_its_own(tmp_path: Path) -> None:
     done = isolation.probe_in_child(_saved_program(tmp_path), "eager", timeout_s=120)
     assert done.compile_s <= done.seconds
     assert _waiting_children() == set()
+
+
+def test_a_child_s_precompiled_headers_go_to_this_process_s_inductor_folder(
+    tmp_path: Path,
+) -> None:
+    """torch puts AOTInductor's precompiled headers under the temp folder whatever
+    TORCHINDUCTOR_CACHE_DIR says; each child has a temp folder of its own, so every AOTInductor
+    build made them again (12 s of g++ of a 25 s MLP build here) and threw them away. The
+    child's folder links to this process's, and removing the child's leaves that one."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    isolation._share_inductor_home(str(scratch))
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from torch._inductor import codecache; print(codecache._HEADER_DIR)",
+        ],
+        env=isolation._child_env(str(scratch)),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    home = Path(isolation._inductor_home())
+    assert Path(where).resolve() == (home / "precompiled_headers").resolve()
+    shutil.rmtree(scratch)
+    assert home.is_dir()
