@@ -2,8 +2,8 @@
 
 A tuning budget is only a limit if a compile that cannot finish in what is left is never
 started. Compile time is mostly fixed cost (starting a child, inductor's setup, the C++ compile
-of kernels and wrapper: a cold AOTInductor compile of ResNet-18's 192 nodes took 45 s here, of
-EfficientNet-B0's 602 nodes about 50 s) and grows slowly with the graph, so the estimate scales
+of kernels and wrapper: an AOTInductor compile in a child of ResNet-18's 192 nodes took 19 s
+here, of EfficientNet-B0's 602 nodes 29 s) and grows slowly with the graph, so the estimate scales
 the measured compile nearest in size by the square root of the node-count ratio. Measurements
 (including lower bounds: compiles stopped for overrunning) are kept per (hardware key, backend)
 in a JSON file next to the decision cache, as what a quiet machine would take: a run divides
@@ -25,13 +25,16 @@ from pathlib import Path
 KEPT = 8  # measurements kept per key, newest last
 
 # Before anything is measured on a machine, per backend: (fixed seconds, seconds per node), as
-# measured on this project's 2-core CPU (torch 2.13, cold inductor cache, a quiet machine).
-# AOTInductor, in a child: ResNet-18 (192 nodes) 45 s, DistilBERT (159) 45 s, zoo models of
-# 150-650 nodes 33-61 s (C++ compiles are about half, inductor's codegen most of the rest).
+# measured on this project's 2-core CPU (torch 2.13, a quiet machine).
+# AOTInductor, in a child whose precompiled headers are this process's (`tuner.backends.
+# isolation`): zoo models of 192-602 nodes 17-29 s, the child's start and torch import included
+# (before the headers were shared, every build remade them: 33-61 s). A machine's first build
+# also makes the headers (12 s) and, in an empty inductor cache, probes the compiler (7 s); it is
+# stopped if it overruns, and what it measured plans the next.
 # torch.compile, on its first call: transformers of 100-250 nodes 3-10 s, ResNet-18 22 s, CNNs
 # of 300-650 nodes 18-43 s. How a run plans with them, and when it starts a compile on a prior's
 # word, is `tuner.tuning.budget`'s (`IN_PROCESS_MARGIN`, `STOPPABLE_SHARE`).
-PRIORS: dict[str, tuple[float, float]] = {"inductor": (40.0, 0.01), "compile": (5.0, 0.06)}
+PRIORS: dict[str, tuple[float, float]] = {"inductor": (18.0, 0.02), "compile": (5.0, 0.06)}
 PRIOR_OTHER = (40.0, 0.05)  # a compiling backend with no prior of its own
 
 
