@@ -191,7 +191,7 @@ def tuned(mlp: tuple[nn.Module, Any], tmp_path_factory: Any) -> tuple[Any, Path]
     """`fxtune tune`'s library path with every backend, outputs written (the issue's run)."""
     _, program = mlp
     out = tmp_path_factory.mktemp("tuned")
-    options = TuneOptions(budget_s=90, cache_path=out / "cache.json", workdir=out / "work")
+    options = TuneOptions(budget_s=45, cache_path=out / "cache.json", workdir=out / "work")
     outcome = tune_program(program, options)
     write_outputs(outcome, out / "tuned.pt2", out / "report.json", profile=False)
     return outcome, out
