@@ -73,6 +73,7 @@ def background_load(k: int) -> Iterator[None]:
             p.join()
 
 
+MACHINE_CACHE = "machine.inductor"  # in the zoo's work folder, made once by `machine_cache`
 WARM_UP = """
 import sys, torch
 from tuner.backends.registry import package_aoti
@@ -88,7 +89,7 @@ def machine_cache(work: Path) -> Path:
     about 7 s here), and the build leaves the precompiled headers in the temp folder's
     inductor folder (12 s). Each run starts from a copy, so a model's run pays no machine's
     first-compile costs and sees nothing compiled for another model."""
-    folder = work / "machine.inductor"
+    folder = work / MACHINE_CACHE
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder)}
     cmd = [sys.executable, "-c", WARM_UP, str(work / "warm-up.pt2")]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
@@ -102,7 +103,7 @@ def tune_cli(path: Path, budget_s: float, work: Path) -> dict[str, Any]:
     cmd += ["--out", f"{stem}.tuned.pt2", "--report", f"{stem}.report.json"]
     cmd += ["--budget-s", f"{budget_s:g}", "--cache", f"{stem}.cache.json"]
     inductor = work / f"{stem.name}.inductor"
-    shutil.copytree(work / "machine.inductor", inductor)
+    shutil.copytree(work / MACHINE_CACHE, inductor)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
