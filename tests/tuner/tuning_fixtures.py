@@ -243,12 +243,19 @@ def _spin(seconds: float) -> None:
         pass
 
 
+def _spin_alone(seconds: float) -> None:
+    os.setsid()
+    _spin(seconds)
+
+
 @contextmanager
-def busy_cores(seconds: float = 60.0) -> Iterator[int]:
+def busy_cores(seconds: float = 60.0, own_sessions: bool = False) -> Iterator[int]:
     """Other work on every core this process may use (one spinning process each), stopped on
-    exit; yields the core count. A moment passes first so the spinners are running."""
+    exit; yields the core count. A moment passes first so the spinners are running. With
+    `own_sessions` each spinner is in a session of its own, as another user's work would be."""
     cores = len(os.sched_getaffinity(0))
-    spinners = [mp.get_context("fork").Process(target=_spin, args=(seconds,)) for _ in range(cores)]
+    spin = _spin_alone if own_sessions else _spin
+    spinners = [mp.get_context("fork").Process(target=spin, args=(seconds,)) for _ in range(cores)]
     for p in spinners:
         p.start()
     try:

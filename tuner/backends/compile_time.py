@@ -7,8 +7,9 @@ here, of EfficientNet-B0's 602 nodes 29 s) and grows slowly with the graph, so t
 the measured compile nearest in size by the square root of the node-count ratio. Measurements
 (including lower bounds: compiles stopped for overrunning) are kept per (hardware key, backend)
 in a JSON file next to the decision cache, as what a quiet machine would take: a run divides
-what it measured by its `slowdown` (the share of the cores other work held, `tuner.host.load`)
-and multiplies its estimates by it.
+what it measured by its slowdown for that backend (`tuner.host.load`: the cores' fair share for
+a compile in this process, the share of a core a child got for a compile in a child) and
+multiplies its estimates by it.
 With nothing measured yet for a backend there is no estimate, only a prior to plan with
 (`PRIORS`), and the first compile runs: an AOTInductor compile runs in a child process that is
 stopped when it overruns, so even that one cannot overrun the budget far.
@@ -20,6 +21,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 KEPT = 8  # measurements kept per key, newest last
@@ -34,7 +36,14 @@ KEPT = 8  # measurements kept per key, newest last
 # torch.compile, on its first call: transformers of 100-250 nodes 3-10 s, ResNet-18 22 s, CNNs
 # of 300-650 nodes 18-43 s. How a run plans with them, and when it starts a compile on a prior's
 # word, is `tuner.tuning.budget`'s (`IN_PROCESS_MARGIN`, `STOPPABLE_SHARE`).
-PRIORS: dict[str, tuple[float, float]] = {"inductor": (18.0, 0.02), "compile": (5.0, 0.06)}
+# The export of a dynamic program's dispatching program (`tuner.tuning.bucketing`), in this
+# process: DistilBERT's and a recommendation model's of two and three buckets (318-759 nodes)
+# 4-12 s.
+PRIORS: dict[str, tuple[float, float]] = {
+    "inductor": (18.0, 0.02),
+    "compile": (5.0, 0.06),
+    "dispatch-export": (0.5, 0.015),
+}
 PRIOR_OTHER = (40.0, 0.05)  # a compiling backend with no prior of its own
 
 
@@ -42,11 +51,15 @@ class CompileTimes:
     """Measured compiles per (hardware key, backend); `path` None keeps them in memory.
 
     `slowdown` is this run's: how many times longer than on a quiet machine its compiles are
-    expected to take (1.0: quiet)."""
+    expected to take (1.0: quiet); `slowdowns` the same per backend where a backend's differs
+    (one that compiles in a child)."""
 
-    def __init__(self, path: Path | None, slowdown: float = 1.0) -> None:
+    def __init__(
+        self, path: Path | None, slowdown: float = 1.0, slowdowns: Mapping[str, float] | None = None
+    ) -> None:
         self.path = path
         self.slowdown = max(slowdown, 1.0)
+        self.slowdowns = {b: max(s, 1.0) for b, s in (slowdowns or {}).items()}
         self._rates: dict[str, list[list[float]]] = {}
         if path is not None and path.exists():
             try:
@@ -55,11 +68,15 @@ class CompileTimes:
                 self._rates = {}  # a corrupt file only costs an estimate
 
     @staticmethod
-    def for_cache(cache_path: Path | None, slowdown: float = 1.0) -> CompileTimes:
+    def for_cache(
+        cache_path: Path | None, slowdown: float = 1.0, slowdowns: Mapping[str, float] | None = None
+    ) -> CompileTimes:
         """The store beside a decision cache file (same folder), or in memory without one."""
-        if cache_path is None:
-            return CompileTimes(None, slowdown)
-        return CompileTimes(cache_path.with_name("compile_times.json"), slowdown)
+        path = None if cache_path is None else cache_path.with_name("compile_times.json")
+        return CompileTimes(path, slowdown, slowdowns)
+
+    def slowdown_of(self, backend: str) -> float:
+        return self.slowdowns.get(backend, self.slowdown)
 
     def samples(self, hardware: str, backend: str) -> list[tuple[int, float]]:
         entry = self._rates.get(f"{hardware}::{backend}")
@@ -72,7 +89,7 @@ class CompileTimes:
         if not measured:
             return None
         n, seconds = min(measured, key=lambda s: abs(math.log(max(s[0], 1) / max(nodes, 1))))
-        return self.slowdown * seconds * math.sqrt(max(nodes, 1) / max(n, 1))
+        return self.slowdown_of(backend) * seconds * math.sqrt(max(nodes, 1) / max(n, 1))
 
     def planning_estimate(self, hardware: str, backend: str, nodes: int) -> tuple[float, bool]:
         """(seconds, measured): the estimate from this machine's compiles, else the prior."""
@@ -80,13 +97,13 @@ class CompileTimes:
         if measured is not None:
             return measured, True
         fixed, per_node = PRIORS.get(backend, PRIOR_OTHER)
-        return self.slowdown * (fixed + per_node * nodes), False
+        return self.slowdown_of(backend) * (fixed + per_node * nodes), False
 
     def record(self, hardware: str, backend: str, nodes: int, seconds: float) -> None:
         """A compile of `nodes` nodes took `seconds` (or at least that long, if stopped), kept
         as what it would have taken on a quiet machine."""
         key = f"{hardware}::{backend}"
-        quiet = round(seconds / self.slowdown, 3)
+        quiet = round(seconds / self.slowdown_of(backend), 3)
         self._rates[key] = [*self._rates.get(key, []), [nodes, quiet]][-KEPT:]
         self._save()
 

@@ -199,6 +199,15 @@ def deployed(backend: str, module: nn.Module) -> nn.Module:
 PROBED: tuple[str, ...] = ("compile", "compile-cudagraphs", "cudagraph")
 
 
+# Backends whose ahead-of-time compile runs in a child process (`tuner.backends.isolation`).
+CHILD_BUILT: tuple[str, ...] = ("inductor",)
+
+
+def builds_in_child(backend: str, probe: bool) -> bool:
+    """Whether `build` compiles `backend` in a child (`probe`: as `build`'s argument)."""
+    return backend in CHILD_BUILT or (probe and backend in PROBED)
+
+
 def build(
     backend: str,
     gm: fx.GraphModule,

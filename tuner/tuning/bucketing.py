@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
+from tuner.backends.compile_time import CompileTimes
 from tuner.contract.config import Bucket, Figures, Verdict, Verification
 from tuner.contract.device import Device
 from tuner.deploy.dispatch import dispatching_program
@@ -31,6 +33,34 @@ from tuner.tuning.candidates import Candidate
 from tuner.tuning.choose import original
 from tuner.tuning.run import Captured, Verified
 from tuner.tuning.verify import replayed_and_checked
+
+# Where compile times are kept, the export of the dispatching program goes by this name: it is
+# the buckets' build, as long as an AOTInductor compile on a large model, and runs in this process.
+DISPATCH_EXPORT = "dispatch-export"
+
+
+@dataclass
+class DispatchCost:
+    """What exporting the dispatching program is expected to take (this machine's history,
+    else a prior, scaled by the load: `tuner.backends.compile_time`) and the seconds the budget
+    leaves for it when asked; the export is not started where it would overrun."""
+
+    times: CompileTimes
+    hardware: str
+    left_s: Callable[[], float]
+
+    def refusal(self, nodes: int) -> str | None:
+        expected, _ = self.times.planning_estimate(self.hardware, DISPATCH_EXPORT, nodes)
+        left = self.left_s()
+        if expected <= left:
+            return None
+        return (
+            f"exporting the dispatching program ({nodes} nodes) is estimated at "
+            f"{expected:.0f} s and {max(left, 0.0):.0f} s of the time budget are left"
+        )
+
+    def record(self, nodes: int, seconds: float) -> None:
+        self.times.record(self.hardware, DISPATCH_EXPORT, nodes, seconds)
 
 
 @dataclass
@@ -63,11 +93,13 @@ def bucketed(
     chosen: str,
     device: Device,
     memo: ReferenceMemo | None = None,
+    cost: DispatchCost | None = None,
 ) -> Bucketed:
     """Size buckets where the per-size winners differ, each verified at the sizes measured
     inside it, and the dispatching program built and checked at every size; any failure
-    leaves one decision set for every size (the note says why). The original's outputs come
-    from `memo` where the run has them."""
+    leaves one decision set for every size (the note says why), as does a dispatching program
+    that `cost` says the budget cannot export. The original's outputs come from `memo` where
+    the run has them."""
     if len(points) < 2:
         return Bucketed()
     if bucket_dim(captured.spec, points) is None:
@@ -85,10 +117,17 @@ def bucketed(
         outcomes.append(outcome)
         checks.append(check)
     trials = [p.inputs for p in points]
+    nodes = sum(len(o.tuned.gm.graph.nodes) for o in outcomes)
+    refused = cost.refusal(nodes) if cost is not None else None
+    if refused is not None:
+        return Bucketed(note=f"not bucketed: {refused}")
     try:
+        began = time.monotonic()
         dispatch = dispatching_program(
             [o.bucket for o in outcomes], [o.tuned.gm for o in outcomes], captured.inputs
         )
+        if cost is not None:
+            cost.record(nodes, time.monotonic() - began)
         wrong = ReferenceOutputs(captured.gm, trials, memo).check(dispatch.module())
     except Exception as exc:
         failure = failures.fallback(exc, "the dispatching program")

@@ -179,8 +179,7 @@ class Budget:
                 )
             run.peer_notes.append(
                 f"{run.load.describe()}: tuning on {run.hardware['threads']} of "
-                f"{run.load.cores} threads, compiles are expected to take "
-                f"{run.load.slowdown:.1f}x as long as on a quiet machine, and {timed}"
+                f"{run.load.cores} threads, {run.load.describe_compiles()}, and {timed}"
             )
         estimates: dict[str, float] = {}
         measured_here: set[str] = set()

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 from tuner.backends.compile_time import CompileTimes
-from tuner.backends.registry import available_backends
+from tuner.backends.registry import BACKENDS, available_backends, builds_in_child
 from tuner.contract.config import Figures, Verification
 from tuner.contract.device import Device
 from tuner.graph.capture import Inputs
@@ -88,6 +88,9 @@ class TuningRun:
     peer_notes: list[str] = field(default_factory=list)  # what the peers were expected to cost
     candidates: list[Candidate] = field(default_factory=list)  # every one judged, once judged
     references: ReferenceMemo | None = None  # the original's outputs (`reference_memo`)
+    # Kept from tuning proper besides `FINISH_SHARE`: the dispatching program's export, where
+    # the run measures several sizes (`Tuner.tune`).
+    finish_extra_s: float = 0.0
 
     @classmethod
     def open(cls, options: TuneOptions) -> TuningRun:
@@ -103,7 +106,11 @@ class TuningRun:
             hardware=hardware,
             hardware_key=hardware_key(hardware),
             cache=open_decision_cache(options.cache_path),
-            compile_times=CompileTimes.for_cache(options.cache_path, load.slowdown),
+            compile_times=CompileTimes.for_cache(
+                options.cache_path,
+                load.slowdown,
+                {b: load.child_slowdown for b in BACKENDS if builds_in_child(b, options.isolates)},
+            ),
             workdir=options.workdir,
             isolate=options.isolates,
             load=load,
@@ -129,8 +136,12 @@ class TuningRun:
 
     def remaining(self) -> float:
         """Seconds left for tuning proper (the finishing share of the budget excluded)."""
-        usable = self.options.budget_s * (1 - FINISH_SHARE)
+        usable = self.options.budget_s * (1 - FINISH_SHARE) - self.finish_extra_s
         return usable - (time.monotonic() - self.started)
+
+    def budget_left(self) -> float:
+        """Seconds until the whole budget is spent, the finishing share included."""
+        return self.options.budget_s - (time.monotonic() - self.started)
 
     def timing_budget(self) -> float:
         """Seconds for one whole-model comparison: its own budget, within what is left."""

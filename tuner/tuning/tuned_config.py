@@ -39,7 +39,11 @@ def tuned_config(
             "seconds_by_step": _by_step(run.spent, seconds),
             "budget_s": run.options.budget_s,
             # Other work on the cores as the run began; compile estimates were scaled by it.
-            "load": {**dataclasses.asdict(run.load), "slowdown": round(run.load.slowdown, 2)},
+            "load": {
+                **dataclasses.asdict(run.load),
+                "slowdown": round(run.load.slowdown, 2),
+                "child_slowdown": round(run.load.child_slowdown, 2),
+            },
             # What the CPU timings measured: "wall", or "cpu" (one thread beside other work).
             "clock": run.clock,
             "timed_candidates": run.timed,

@@ -35,6 +35,35 @@ def test_busy_processes_on_every_core_are_seen() -> None:
     assert seen.slowdown >= 1.7, seen
 
 
+def test_a_child_s_slowdown_is_one_over_the_core_share_it_got_never_above_the_fair_share() -> None:
+    assert CoreLoad(2, busy=2.0).child_slowdown == 1.0  # nothing measured: a whole core
+    assert CoreLoad(2, busy=2.0, child_share=0.5).child_slowdown == pytest.approx(2.0)
+    assert CoreLoad(2, busy=2.0, child_share=0.8).child_slowdown == pytest.approx(1.25)
+    assert CoreLoad(2, busy=1.0, child_share=0.1).child_slowdown == pytest.approx(1.5)
+
+
+def test_a_child_is_started_to_measure_only_where_the_cores_are_shared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[float] = []
+    monkeypatch.setattr(load, "child_core_share", lambda: calls.append(0.4) or 0.4)
+    seen = sample_load(0.2)
+    assert (seen.child_share, len(calls)) == ((0.4, 1) if seen.shared else (1.0, 0)), seen
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
+def test_a_child_of_its_own_session_beside_other_sessions_work_gets_less_than_a_core() -> None:
+    """Spinners each in a session of their own on every core: a child of its own session
+    gets its fair share of them (cores / (cores + 1) of a core), well below one core."""
+    with busy_cores(10.0, own_sessions=True) as cores:
+        seen = sample_load(0.5)
+    fair = cores / (cores + 1)
+    assert seen.shared, seen
+    assert seen.child_share < (fair + 1) / 2, seen
+    assert 1.0 < seen.child_slowdown <= seen.slowdown, seen
+
+
 def test_threads_beside_other_work_leave_it_its_cores() -> None:
     assert threads_beside(CoreLoad(2), wanted=2) == 2
     assert threads_beside(CoreLoad(2, busy=0.3), wanted=2) == 2  # a little noise keeps both

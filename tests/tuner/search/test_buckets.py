@@ -225,6 +225,9 @@ def test_small_and_large_batches_get_their_own_measured_decisions(
         )
     assert config.verification.passed
     assert "2 buckets" in config.tuning["buckets"]
+    # The dispatching program's export was timed, so the next run prices it from this machine.
+    times = json.loads((out / "compile_times.json").read_text())
+    assert [k for k in times if k.endswith("::dispatch-export")], times
 
 
 def _original_at(model: nn.Module, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

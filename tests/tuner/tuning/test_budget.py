@@ -25,6 +25,7 @@ from tuner.contract.device import Device
 from tuner.graph.capture import export_module
 from tuner.host.hardware import describe, hardware_key
 from tuner.measure.timing import fixed_threads
+from tuner.tuning.bucketing import DISPATCH_EXPORT, DispatchCost
 from tuner.tuning.tuner import TuneOptions, tune_program
 
 MARGIN_S = 15.0
@@ -56,6 +57,36 @@ def test_compile_times_are_kept_as_a_quiet_machine_would_take_them(tmp_path: Pat
     assert loaded.planning_estimate("other hw", "inductor", 100)[0] == pytest.approx(2 * prior)
 
 
+def test_a_compile_in_a_child_is_scaled_by_the_child_s_slowdown(tmp_path: Path) -> None:
+    """Beside other work, a child of its own session that got the whole of a core builds in
+    its quiet time: its compiles are kept and expected as measured, while this process's
+    compiles (torch.compile) still count half."""
+    loaded = CompileTimes.for_cache(tmp_path / "d.json", 2.0, {"inductor": 1.0})
+    loaded.record("hw", "inductor", nodes=100, seconds=20.0)
+    loaded.record("hw", "compile", nodes=100, seconds=20.0)
+    quiet = CompileTimes.for_cache(tmp_path / "d.json")
+    assert quiet.estimate("hw", "inductor", 100) == pytest.approx(20.0)
+    assert quiet.estimate("hw", "compile", 100) == pytest.approx(10.0)
+    assert loaded.estimate("hw", "inductor", 100) == pytest.approx(20.0)
+    assert loaded.estimate("hw", "compile", 100) == pytest.approx(20.0)
+
+
+def test_a_dispatching_program_that_cannot_be_exported_in_what_is_left_is_not_started() -> None:
+    times = CompileTimes(None, slowdown=2.0)
+    times.record("hw", DISPATCH_EXPORT, nodes=300, seconds=12.0)  # 6 s on a quiet machine
+    left = [20.0]
+    cost = DispatchCost(times, "hw", lambda: left[0])
+    assert cost.refusal(300) is None
+    left[0] = 10.0
+    assert cost.refusal(300) == (
+        "exporting the dispatching program (300 nodes) is estimated at 12 s and 10 s of the "
+        "time budget are left"
+    )
+    # Nothing measured on this hardware yet: the prior, scaled by the load, decides.
+    prior, measured = times.planning_estimate("other hw", DISPATCH_EXPORT, 300)
+    assert not measured and prior > 0
+
+
 def test_the_budget_counts_from_when_the_caller_started(tmp_path: Path) -> None:
     """`fxtune tune` starts the clock before loading the program: a run told that 9 of its
     10 s went to loading starts nothing, and its report says what load it saw."""
@@ -70,7 +101,7 @@ def test_the_budget_counts_from_when_the_caller_started(tmp_path: Path) -> None:
     assert tuning["seconds"] >= 9.0
     assert all(f.verdict == "not measured" for f in outcome.config.candidates)
     assert outcome.config.whole_model.name == "original"
-    assert set(tuning["load"]) == {"cores", "busy", "slowdown"}
+    assert set(tuning["load"]) == {"cores", "busy", "child_share", "slowdown", "child_slowdown"}
     assert tuning["load"]["slowdown"] >= 1.0
 
 
