@@ -74,13 +74,6 @@ def background_load(k: int) -> Iterator[None]:
 
 
 MACHINE_CACHE = "machine.inductor"  # in the zoo's work folder, made once by `machine_cache`
-WARM_UP = """
-import sys, torch
-from tuner.backends.registry import package_aoti
-from pathlib import Path
-model = torch.nn.Linear(8, 8).eval()
-package_aoti(torch.export.export(model, (torch.randn(2, 8),)), Path(sys.argv[1]))
-"""
 
 
 def machine_cache(work: Path) -> Path:
@@ -91,7 +84,7 @@ def machine_cache(work: Path) -> Path:
     first-compile costs and sees nothing compiled for another model."""
     folder = work / MACHINE_CACHE
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder)}
-    cmd = [sys.executable, "-c", WARM_UP, str(work / "warm-up.pt2")]
+    cmd = [sys.executable, "-m", "tuner.backends.warm_cache", str(work / "warm-up.pt2")]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     return folder
 

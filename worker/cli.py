@@ -87,6 +87,7 @@ def worker_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     finally:
+        worker.close()
         worker.client.close()
     if worker.device_lost is not None:
         typer.echo(f"error: stopped claiming jobs: {worker.device_lost}", err=True)

@@ -16,6 +16,10 @@ def default_tune_command() -> list[str]:
     return [sys.executable, "-m", "fxtune_cli", "tune"]
 
 
+def default_warm_command() -> list[str]:
+    return [sys.executable, "-m", "tuner.backends.warm_cache"]
+
+
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FXTUNE_", extra="ignore")
 
@@ -28,6 +32,12 @@ class WorkerSettings(BaseSettings):
     worker_tune_command: list[str] = Field(
         default_factory=default_tune_command,
         description="Command prefix that tunes one model (JSON list in the environment)",
+    )
+    worker_warm_command: list[str] = Field(
+        default_factory=default_warm_command,
+        description="Command prefix that builds one tiny AOTInductor package (its output path "
+        "appended) in a folder copied into every job's, so a job's first build reuses the "
+        "precompiled headers and compiler probes (JSON list; [] builds nothing)",
     )
     worker_timeout_s: float = Field(default=3600, gt=0, description="Wall-clock cap per job")
     worker_memory_mb: int = Field(

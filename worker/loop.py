@@ -31,6 +31,7 @@ from tuner.host.sandbox import (
 )
 from worker.client import Assignment, LeaseLost, ServiceClient, ServiceError
 from worker.config import WorkerSettings
+from worker.warm_temp import WarmTemp
 
 log = logging.getLogger("fxtune.worker")
 
@@ -115,13 +116,20 @@ class Worker:
         self.id = f"{socket.gethostname()}-{os.getpid()}-{self.device}"
         self._stop = threading.Event()
         self.device_lost: str | None = None  # why this worker stopped claiming, if it did
+        self.warm = WarmTemp(settings.worker_warm_command, settings.worker_scratch_dir)
 
     def stop(self) -> None:
         self._stop.set()
 
+    def close(self) -> None:
+        """Stop, and remove the warm folder (`worker.warm_temp`)."""
+        self.stop()
+        self.warm.close()
+
     def run(self, once: bool = False) -> int:
         """Work until stopped (or, with `once`, until one job is done or none is ready)."""
         done = 0
+        self.warm.start(self.warm_limits(), Sandbox(self.sandbox_kind))
         backoff = 1.0
         unreachable_since: float | None = None
         while not self._stop.is_set():
@@ -164,6 +172,8 @@ class Worker:
         if scratch is not None:
             scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f"fxtune-job{job.job_id}-", dir=scratch) as tmp:
+            if job.device == "cpu":
+                self.warm.seed(Path(tmp))
             return self._run_in(job, Path(tmp))
 
     def _run_in(self, job: Assignment, workdir: Path) -> Outcome:
@@ -292,6 +302,12 @@ class Worker:
         # RLIMIT_CPU Linux reads the process CPU clock from ticks (4 ms steps), which the
         # tuner then cannot time with beside other work (`tuner.measure.timing.FINE_CLOCK_NS`).
         return Limits(wall_s=wall, address_space_bytes=address_space)
+
+    def warm_limits(self) -> Limits:
+        """The warm-up build's: a CPU job's (it compiles on the CPU whatever the device)."""
+        mb, share = self.settings.worker_memory_mb, self.settings.worker_memory_fraction
+        address_space = mb * 1024 * 1024 if mb else int(physical_memory_bytes() * share)
+        return Limits(wall_s=self.settings.worker_timeout_s, address_space_bytes=address_space)
 
     def sandbox(self, job: Assignment) -> Sandbox:
         """The job's isolation; only the decision cache's folder is writable besides the job's."""

@@ -270,6 +270,7 @@ def test_serve_submit_and_load_tuned_from_installed_wheels(
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     env = clean_env(FXTUNE_DATA_DIR=str(tmp_path / "data"), FXTUNE_WORKER_POLL_S="0.2")
+    env["FXTUNE_WORKER_WARM_COMMAND"] = "[]"  # a real build: tests/worker/test_warm_temp.py
     started = time.monotonic()
     with log.open("w") as out:
         serve = subprocess.Popen(

@@ -146,8 +146,11 @@ def sqlite_service(root: Path, **settings: Any) -> Iterator[str]:
 
 
 def fxtune_env(**env: str) -> dict[str, str]:
+    """This process's environment without its FXTUNE_ settings, plus `env`. A worker warms no
+    compile caches unless `env` asks (tests/worker/test_warm_temp.py does): a real AOTInductor
+    build in every worker a test starts would cost the suite minutes of CPU."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_")}
-    return {**base, "PYTHONPATH": str(REPO), **env}
+    return {**base, "PYTHONPATH": str(REPO), "FXTUNE_WORKER_WARM_COMMAND": "[]", **env}
 
 
 @contextlib.contextmanager

@@ -21,11 +21,14 @@ from service.db.models import utcnow
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, thread_server, tiny_program, wait_for
 from tests.service.in_process_checks import in_process_checks
+from tests.worker.fake_tune import WARM_FILE, warm_command
 from tuner.contract.exit_codes import ExitCode
-from tuner.host.sandbox import ChildResult
+from tuner.host.sandbox import ChildResult, Sandbox
 from worker.client import Assignment, ServiceClient, _raise_for
 from worker.config import WorkerSettings
 from worker.loop import Worker, _retryable, rank_result_files, result_files
+
+pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
 
 
 class RecordingClient(ServiceClient):
@@ -107,6 +110,32 @@ def test_a_job_is_tuned_and_its_result_stored(
     report = httpx.get(f"{url}/api/v1/models/{model['id']}/report").json()
     assert set(report["artifacts"]["traces"]) == {"baseline", "tuned"}
     assert worker.run(once=True) == 0  # nothing left: --once returns
+
+
+def test_a_job_starts_from_a_copy_of_the_worker_s_warm_temp_folder(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The fake tuner fails unless its temp folder holds the warm file as a plain file, then
+    writes into it; the worker's own folder keeps what the warm-up wrote."""
+    url, _ = server
+    scratch = tmp_path / "scratch"
+    worker = make_worker(
+        url,
+        "needs_warm",
+        monkeypatch,
+        worker_warm_command=warm_command(),
+        worker_scratch_dir=scratch,
+    )
+    worker.warm.start(worker.warm_limits(), Sandbox(worker.sandbox_kind))
+    assert worker.warm.wait(30)
+    model = submit(url, program)
+    assert worker.run(once=True) == 1
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "succeeded", job
+    (kept,) = scratch.glob(f"fxtune-warm-*/tmp/{WARM_FILE}")
+    assert kept.read_text() == "warm"
+    worker.close()
+    assert list(scratch.iterdir()) == []
 
 
 def test_a_crash_is_reported_with_its_last_line_and_retried(
