@@ -163,20 +163,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under xdist, a `serial` test runs with no other test beside it, and a test that
-    computes (not `waits`) takes one of a seat per core (tests/parallel.py)."""
+    """Under xdist, a `serial` test runs with no other test beside it (tests/parallel.py)."""
     turns = _turns(item.config)
     if turns is None:
         return (yield)
     serial = item.get_closest_marker("serial") is not None
     next_serial = nextitem is not None and nextitem.get_closest_marker("serial") is not None
-    seated = item.get_closest_marker("waits") is None
-    with turns.turn(item.nodeid, serial, next_serial, seated):
+    with turns.turn(item.nodeid, serial, next_serial):
         return (yield)
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    return parallel.workers()
 
 
 def pytest_configure(config: pytest.Config) -> None:

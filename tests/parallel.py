@@ -5,10 +5,6 @@ built once. Two rules on top, applied by tests/conftest.py:
 
 - Files with `slow` tests are handed out first: a long file that started last would leave one
   worker running alone at the end.
-- Tests that compute take a seat, one of as many as there are cores, so no more of them run at
-  once than there are cores; a test marked `waits` (it spends most of its time waiting on
-  services and workers it started) takes none. The suite runs one worker more than there are
-  cores (`workers`), so a waiting test's file runs beside two computing ones.
 - A test marked `serial` runs with no other test beside it: it asserts a wall-clock limit or a
   speed verdict, which a compile on the other core would make flaky. Every test holds a shared
   lock from its setup to its teardown (so a module fixture built for it is covered); a serial
@@ -62,36 +58,6 @@ def _cpu_s() -> float:
 
 
 ROOM, TURNSTILE = "fxtune-tests.lock", "fxtune-tests.turnstile"
-SEAT = "fxtune-tests.seat-{}"
-SEAT_POLL_S = 0.05
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0))
-
-
-def workers() -> int:
-    """xdist's `-n auto`: a worker per core, and one for tests that wait (`waits`)."""
-    return cores() + 1
-
-
-@contextlib.contextmanager
-def _seat(folder: Path, count: int) -> Iterator[None]:
-    """Hold one of `count` seats (lock files) until the block ends, polling while all are held."""
-    with contextlib.ExitStack() as files:
-        seats = [files.enter_context((folder / SEAT.format(k)).open("a")) for k in range(count)]
-        while True:
-            for f in seats:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                try:
-                    yield
-                finally:
-                    fcntl.flock(f, fcntl.LOCK_UN)
-                return
-            time.sleep(SEAT_POLL_S)
 
 
 def _exclusive(folder: Path) -> contextlib.ExitStack:
@@ -102,18 +68,13 @@ def _exclusive(folder: Path) -> contextlib.ExitStack:
 
 
 @contextlib.contextmanager
-def turn(
-    folder: Path, serial: bool, seated: bool = True, seats: int | None = None
-) -> Iterator[None]:
-    """Hold the run's lock in `folder` for one test: exclusively for a serial one; a `seated`
-    one first takes one of `seats` seats (default: one per core)."""
+def turn(folder: Path, serial: bool) -> Iterator[None]:
+    """Hold the run's lock in `folder` for one test: exclusively for a serial one."""
     if serial:
         with _exclusive(folder):
             yield
         return
     with contextlib.ExitStack() as stack:
-        if seated:
-            stack.enter_context(_seat(folder, seats or cores()))
         with _locked(folder / TURNSTILE, fcntl.LOCK_EX):
             stack.enter_context(_locked(folder / ROOM, fcntl.LOCK_SH))
         yield
@@ -129,9 +90,7 @@ class Turns:
         self._held: contextlib.ExitStack | None = None
 
     @contextlib.contextmanager
-    def turn(
-        self, test: str, serial: bool, next_serial: bool, seated: bool = True
-    ) -> Iterator[None]:
+    def turn(self, test: str, serial: bool, next_serial: bool) -> Iterator[None]:
         asked = time.time()
         cpu_before = _cpu_s()
         if not serial and self._held is not None:  # never wait on this worker's own lock
@@ -141,7 +100,7 @@ class Turns:
             if serial and self._held is None:
                 self._held = _exclusive(self.folder)
             elif not serial:
-                shared.enter_context(turn(self.folder, serial=False, seated=seated))
+                shared.enter_context(turn(self.folder, serial=False))
             got = time.time()
             try:
                 yield
@@ -150,7 +109,7 @@ class Turns:
                     self._held.close()
                     self._held = None
         if self.timeline is not None:
-            line = {"worker": os.getpid(), "test": test, "serial": serial, "seated": seated}
+            line = {"worker": os.getpid(), "test": test, "serial": serial}
             line.update(asked=asked, got=got, ended=time.time(), cpu_s=_cpu_s() - cpu_before)
             with self.timeline.open("a") as f:
                 f.write(json.dumps(line) + "\n")

@@ -15,38 +15,18 @@ from tests.parallel import Turns, slow_files_first, summary, turn
 from tests.reruns import RERUN_LINES, FirstFailures
 
 
-def _holds(
-    folder: Path, serial: bool, seated: bool, entered: threading.Event, leave: threading.Event
-) -> None:
-    with turn(folder, serial, seated, seats=2):
+def _holds(folder: Path, serial: bool, entered: threading.Event, leave: threading.Event) -> None:
+    with turn(folder, serial):
         entered.set()
         leave.wait(10)
 
 
-def _start(
-    folder: Path, serial: bool, seated: bool = True
-) -> tuple[threading.Event, threading.Event]:
+def _start(folder: Path, serial: bool) -> tuple[threading.Event, threading.Event]:
     """A thread that takes a turn (its own open files: flock locks them against each other)
-    and holds it until told to leave; two seats, as on two cores."""
+    and holds it until told to leave."""
     entered, leave = threading.Event(), threading.Event()
-    args = (folder, serial, seated, entered, leave)
-    threading.Thread(target=_holds, args=args, daemon=True).start()
+    threading.Thread(target=_holds, args=(folder, serial, entered, leave), daemon=True).start()
     return entered, leave
-
-
-def test_no_more_computing_tests_run_at_once_than_seats_and_waiting_ones_need_none(
-    tmp_path: Path,
-) -> None:
-    held = [_start(tmp_path, serial=False) for _ in range(2)]
-    assert all(entered.wait(5) for entered, _ in held)
-    third, leave_third = _start(tmp_path, serial=False)
-    assert not third.wait(0.5)  # both seats taken
-    waiting, leave_waiting = _start(tmp_path, serial=False, seated=False)
-    assert waiting.wait(5)  # a test that waits on its processes runs beside them
-    held[0][1].set()
-    assert third.wait(5)  # a seat freed
-    for leave in (held[1][1], leave_third, leave_waiting):
-        leave.set()
 
 
 def test_tests_share_the_machine_and_a_serial_one_waits_for_it_alone(tmp_path: Path) -> None:

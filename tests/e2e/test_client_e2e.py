@@ -36,7 +36,7 @@ from tuner.deploy.client import CheckedInputs
 from tuner.graph.fingerprint import model_fingerprint
 from tuner.loading.load import load_program
 
-pytestmark = [pytest.mark.e2e, pytest.mark.waits]
+pytestmark = pytest.mark.e2e
 
 TUNE = json.dumps(
     [sys.executable, "-m", "fxtune_cli", "tune", "--backend", "eager", "--no-profile"]

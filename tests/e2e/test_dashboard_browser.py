@@ -21,7 +21,7 @@ from examples.screenshots import CHROMIUM_ARGS, chromium_path
 from service.launch import serve_process
 from tests.service.helpers import fxtune_env, tiny_program
 
-pytestmark = [pytest.mark.e2e, pytest.mark.waits]
+pytestmark = pytest.mark.e2e
 
 TUNE = json.dumps([sys.executable, "-m", "fxtune_cli", "tune", "--backend", "eager"])
 TOKEN = "browser-s3cret"

@@ -24,8 +24,6 @@ from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 API = "/api/v1"
 
 

@@ -28,7 +28,7 @@ from service.core.config import Settings
 from tests.service.fakes import upload_parts, write_result
 from tests.service.helpers import thread_server, tiny_program
 
-pytestmark = [pytest.mark.e2e, pytest.mark.waits]
+pytestmark = pytest.mark.e2e
 
 EXAMPLES = 25  # per operation and phase: about a minute on 2 cores
 CHECKS = [

@@ -34,7 +34,7 @@ from tests.service.helpers import (
 from tuner.graph.fingerprint import model_fingerprint
 from tuner.loading.load import load_program
 
-pytestmark = [pytest.mark.e2e, pytest.mark.waits]
+pytestmark = pytest.mark.e2e
 
 # Only the eager backend keeps each real tuning run to seconds on a 2-core CI box.
 TUNE = json.dumps([sys.executable, "-m", "fxtune_cli", "tune", "--backend", "eager"])

@@ -13,8 +13,6 @@ from service.core.config import Settings
 from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
 from tests.service.helpers import thread_server, tiny_program
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:

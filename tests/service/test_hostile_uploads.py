@@ -13,8 +13,6 @@ from service.core.config import Settings
 from tests.crafted import CODE_MARKER, MARKER_ENV, WHY
 from tests.service.helpers import thread_server
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:

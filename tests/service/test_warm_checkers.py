@@ -31,8 +31,6 @@ from tests.service.helpers import REPO, pid_alive, wait_for
 from tuner.checks.warm import READY, job_line
 from tuner.host.sandbox import bwrap_works
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 FAKE = "tests.service.fake_inspect"
 READY_S = 120  # a child's start on a loaded 2-core machine
 

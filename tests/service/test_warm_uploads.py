@@ -16,8 +16,6 @@ from service.core.config import Settings
 from tests.crafted import CODE_MARKER, WHY
 from tests.service.helpers import REPO, pid_alive, thread_server, tiny_program
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 READY_S = 180  # a child importing torch, on a loaded 2-core machine
 CODE_ROUTES = ("expression_exec", "guard_exec", "name_exec")
 BOMBS = ("zeros_bomb", "matmul_chain", "strided_weight")

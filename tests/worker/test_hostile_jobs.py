@@ -18,8 +18,6 @@ from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 PLANTED = (
     "planted_library",
     "zip_bomb",

@@ -28,8 +28,6 @@ from worker.client import Assignment, ServiceClient, _raise_for
 from worker.config import WorkerSettings
 from worker.loop import Worker, _retryable, rank_result_files, result_files
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 
 class RecordingClient(ServiceClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:

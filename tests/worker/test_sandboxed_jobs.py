@@ -27,8 +27,6 @@ from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
 
-pytestmark = pytest.mark.waits  # on the processes it starts (tests/parallel.py)
-
 TOKEN = "worker-token-0123456789abcdef"
 USER = "user-token-0123456789abcdef"
 

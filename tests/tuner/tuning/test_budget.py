@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from examples.build import build
-from examples.models import EXAMPLES, recsys
+from examples.models import recsys
 from fxtune_cli import app
 from tests.tuner.tuning_fixtures import SplitNormTanh, WrongRelu, busy_cores, registered
 from tuner.backends.compile_time import CompileTimes
@@ -187,9 +187,11 @@ def test_a_tight_budget_stops_the_compile_and_ends_in_time(
 
 @pytest.mark.serial
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_fxtune_tune_with_a_30_s_budget_ends_within_the_margin(name: str, tmp_path: Path) -> None:
-    model = build(name, tmp_path)
+def test_fxtune_tune_with_a_30_s_budget_ends_within_the_margin(tmp_path: Path) -> None:
+    """On the example with the most sites, both peers compiled. The budget on real models,
+    quiet and beside other work, is `make bench-zoo`'s (twelve models, wall times in its table):
+    the cnn and transformer examples here added 47 s of a serial stretch to the suite."""
+    model = build("recsys", tmp_path)
     out = tmp_path / "out"
     args = ["tune", str(model), "--out", str(out / "t.pt2"), "--report", str(out / "r.json")]
     args += ["--budget-s", "30", "--cache", str(tmp_path / "c.json")]
