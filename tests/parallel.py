@@ -124,9 +124,10 @@ def lock_folder(config: pytest.Config) -> Path | None:
 
 
 def summary(timeline: Path) -> str:
-    """Per worker: how long its tests ran, how long it waited for its turn (a serial test beside
-    it, or its own serial test waiting for the others' current tests), and the gaps between its
-    tests; then the serial tests' share."""
+    """Per worker: how long its tests ran and the CPU they used (its own and its reaped
+    children's: far below the running time, they waited), how long it waited for its turn (a
+    serial test beside it, or its own serial test waiting for the others' current tests), and
+    the gaps between its tests; then the serial tests' share."""
     tests = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
     if not tests:
         return "no test in the timeline"
@@ -135,11 +136,12 @@ def summary(timeline: Path) -> str:
     for worker in sorted({t["worker"] for t in tests}):
         mine = sorted((t for t in tests if t["worker"] == worker), key=lambda t: t["asked"])
         running = sum(t["ended"] - t["got"] for t in mine)
+        cpu = sum(t.get("cpu_s", 0.0) for t in mine)
         waiting = sum(t["got"] - t["asked"] for t in mine)
         gaps = sum(max(0.0, b["asked"] - a["ended"]) for a, b in itertools.pairwise(mine))
         lines.append(
-            f"worker {worker}: {len(mine)} tests, running {running:.0f} s, waiting for its turn "
-            f"{waiting:.0f} s, between tests {gaps:.0f} s, idle at the end "
+            f"worker {worker}: {len(mine)} tests, running {running:.0f} s (CPU {cpu:.0f} s), "
+            f"waiting for its turn {waiting:.0f} s, between tests {gaps:.0f} s, idle at the end "
             f"{end - mine[-1]['ended']:.0f} s"
         )
     serial = [t for t in tests if t["serial"]]

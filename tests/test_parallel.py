@@ -72,6 +72,7 @@ def test_a_run_of_serial_tests_keeps_the_machine_until_its_last_and_is_timed(
     report = summary(timeline).splitlines()
     assert report[0].startswith("3 tests over") and report[-1].startswith("serial: 2 tests")
     assert report[1].startswith(f"worker {lines[0]['worker']}: 3 tests, running")
+    assert "s (CPU " in report[1] and all(t["cpu_s"] >= 0 for t in lines)
 
 
 @dataclass
