@@ -88,9 +88,6 @@ class TuningRun:
     peer_notes: list[str] = field(default_factory=list)  # what the peers were expected to cost
     candidates: list[Candidate] = field(default_factory=list)  # every one judged, once judged
     references: ReferenceMemo | None = None  # the original's outputs (`reference_memo`)
-    # Kept from tuning proper besides `FINISH_SHARE`: the dispatching program's export, where
-    # the run measures several sizes (`Tuner.tune`).
-    finish_extra_s: float = 0.0
 
     @classmethod
     def open(cls, options: TuneOptions) -> TuningRun:
@@ -136,7 +133,7 @@ class TuningRun:
 
     def remaining(self) -> float:
         """Seconds left for tuning proper (the finishing share of the budget excluded)."""
-        usable = self.options.budget_s * (1 - FINISH_SHARE) - self.finish_extra_s
+        usable = self.options.budget_s * (1 - FINISH_SHARE)
         return usable - (time.monotonic() - self.started)
 
     def budget_left(self) -> float:

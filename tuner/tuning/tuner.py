@@ -41,7 +41,6 @@ from tuner.passes.apply import Transformed
 from tuner.search.buckets import ORIGINAL
 from tuner.search.site_search import Progress, SearchResult, SearchSettings, SiteSearch
 from tuner.tuning.bucketing import (
-    DISPATCH_EXPORT,
     Bucketed,
     BucketOutcome,
     DispatchCost,
@@ -72,8 +71,6 @@ __all__ = [
 # made free, they could not move a whole-model comparison beyond its noise
 # (tuner.search.site_search).
 NOISE_SHARE = 0.25
-# At most this share of the budget is kept for a dynamic program's dispatching program.
-DISPATCH_SHARE = 0.15
 
 
 @dataclass
@@ -145,7 +142,6 @@ class Tuner:
                 program = on_device(program, run.device.torch_device)
             captured = kind.capture(program, say)
             run.model_time_s = model_time_s(run, kind.baseline(captured.gm), captured)
-            run.finish_extra_s = self._dispatch_reserve(captured)
         search, run.candidates, figures = self._search_and_judge(captured, say)
         runoff = self.judge.runoff(captured, run.candidates, figures, say)
         epsilon = run.options.epsilon
@@ -162,18 +158,6 @@ class Tuner:
             config.tuning["buckets"] = buckets.note
         say(0.9, "tuning done")
         return self._outcome(program, config, verified, buckets)
-
-    def _dispatch_reserve(self, captured: Captured) -> float:
-        """Seconds kept for exporting the dispatching program where the run measures several
-        sizes (two buckets of the original's size, as most runs that bucket make), at most
-        `DISPATCH_SHARE` of the budget: a longer one is refused when its turn comes
-        (`DispatchCost`)."""
-        run = self.run
-        if len(run.points) < 2:
-            return 0.0
-        nodes = 2 * len(captured.gm.graph.nodes)
-        estimate, _ = run.compile_times.planning_estimate(run.hardware_key, DISPATCH_EXPORT, nodes)
-        return min(estimate, DISPATCH_SHARE * run.options.budget_s)
 
     def _search_and_judge(
         self, captured: Captured, say: Progress
