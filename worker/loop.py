@@ -129,7 +129,7 @@ class Worker:
     def run(self, once: bool = False) -> int:
         """Work until stopped (or, with `once`, until one job is done or none is ready)."""
         done = 0
-        self.warm.start(self.warm_limits(), Sandbox(self.sandbox_kind))
+        self.warm.start(self.cpu_limits(), Sandbox(self.sandbox_kind))
         backoff = 1.0
         unreachable_since: float | None = None
         while not self._stop.is_set():
@@ -292,19 +292,15 @@ class Worker:
         return cmd
 
     def limits(self, job: Assignment) -> Limits:
-        wall = self.settings.worker_timeout_s
-        address_space = None
-        if job.device == "cpu":  # CUDA reserves huge virtual ranges; RLIMIT_AS would break it
-            mb = self.settings.worker_memory_mb
-            share = self.settings.worker_memory_fraction
-            address_space = mb * 1024 * 1024 if mb else int(physical_memory_bytes() * share)
         # No CPU-time limit: the wall timeout already ends the job's process group, and under
         # RLIMIT_CPU Linux reads the process CPU clock from ticks (4 ms steps), which the
         # tuner then cannot time with beside other work (`tuner.measure.timing.FINE_CLOCK_NS`).
-        return Limits(wall_s=wall, address_space_bytes=address_space)
+        if job.device != "cpu":  # CUDA reserves huge virtual ranges; RLIMIT_AS would break it
+            return Limits(wall_s=self.settings.worker_timeout_s)
+        return self.cpu_limits()
 
-    def warm_limits(self) -> Limits:
-        """The warm-up build's: a CPU job's (it compiles on the CPU whatever the device)."""
+    def cpu_limits(self) -> Limits:
+        """A CPU job's limits; the warm-up build's too (it compiles on the CPU)."""
         mb, share = self.settings.worker_memory_mb, self.settings.worker_memory_fraction
         address_space = mb * 1024 * 1024 if mb else int(physical_memory_bytes() * share)
         return Limits(wall_s=self.settings.worker_timeout_s, address_space_bytes=address_space)

@@ -124,7 +124,7 @@ def test_a_job_starts_from_a_copy_of_the_worker_s_warm_temp_folder(
         worker_warm_command=warm_command(),
         worker_scratch_dir=scratch,
     )
-    worker.warm.start(worker.warm_limits(), Sandbox(worker.sandbox_kind))
+    worker.warm.start(worker.cpu_limits(), Sandbox(worker.sandbox_kind))
     assert worker.warm.wait(30)
     model = submit(url, program)
     assert worker.run(once=True) == 1
