@@ -219,8 +219,10 @@ def tune_cmd(
     try:
         require_timing(device)  # a missing device fails before the model is even read
         load = sample_load()
+        wanted, held_back = torch.get_num_threads(), 0
         if threads is None and Device.parse(device).kind == "cpu":
-            threads = threads_beside(load, torch.get_num_threads())
+            threads = threads_beside(load, wanted)
+            held_back = wanted - threads
         options = TuneOptions(
             device=device,
             budget_s=budget_s,
@@ -292,6 +294,12 @@ def tune_cmd(
     if steps:
         spent = ", ".join(f"{step} {s:.1f} s" for step, s in steps.items() if s >= 0.05)
         target.print(f"where the time went: {spent}")
+    if held_back:
+        target.print(
+            f"measured on {threads} of {wanted} threads (other work held the cores): which "
+            f"backend wins can change with the thread count; to deploy on {wanted} threads, "
+            f"tune again on a quiet machine or with --threads {wanted}"
+        )
 
 
 @app.command("profile")

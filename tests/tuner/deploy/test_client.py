@@ -31,6 +31,7 @@ from tests.tuner.client_helpers import (
     tuned_config,
 )
 from tuner.cli import app
+from tuner.contract.device import Device
 from tuner.contract.errors import ArtifactFormatError
 from tuner.deploy.client import (
     CheckedInputs,
@@ -38,9 +39,11 @@ from tuner.deploy.client import (
     PackedInputs,
     fetch_config,
     load_tuned,
+    measured_elsewhere,
 )
 from tuner.graph.capture import export_module, save_program
 from tuner.graph.fingerprint import model_fingerprint
+from tuner.host.hardware import describe
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -293,6 +296,25 @@ def test_an_unwritable_cache_still_gives_the_tuned_module(
     blocker.write_text("not a folder")
     module, warned = load_recording(program, server=url, cache_dir=blocker / "cache")
     assert not has_dropout(module) and warned == []
+
+
+def test_a_config_measured_on_other_threads_is_applied_and_logged(
+    config_service: tuple[str, FakeService], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, fake = config_service
+    program = dropped_program()
+    here = describe(Device.parse("cpu"))
+    elsewhere = {**here, "threads": here["threads"] + 1}
+    fake.configs[model_fingerprint(program)] = tuned_config(
+        program, "remove_dropout", hardware=elsewhere
+    )
+    with caplog.at_level("WARNING", logger="tuner.deploy.client"):
+        module, warned = load_recording(program, server=url, cache_dir=tmp_path)
+    assert not has_dropout(module) and warned == []  # tuned and correct: no fallback warning
+    said = [r.getMessage() for r in caplog.records if "measured elsewhere" in r.getMessage()]
+    assert len(said) == 1, caplog.records
+    assert f"threads {elsewhere['threads']} (here {here['threads']})" in said[0]
+    assert measured_elsewhere(here, dict(here)) is None
 
 
 def test_a_damaged_cache_entry_is_ignored(

@@ -127,6 +127,8 @@ def test_fxtune_tune_beside_busy_cores_tunes_on_the_cores_left_and_says_so(
     assert config["tuning"]["load"]["busy"] >= 0.7 * cores
     notes = " ".join(config["tuning"]["peers"])
     assert f"cores busy with other work: tuning on 1 of {cores} threads" in notes, notes
+    said = " ".join(result.output.split())  # and what to do where it deploys on every core
+    assert f"measured on 1 of {cores} threads" in said and f"--threads {cores}" in said, said
 
 
 @pytest.mark.serial
