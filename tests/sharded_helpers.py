@@ -47,7 +47,10 @@ def alive(pid: int) -> bool:
 
 
 def record_pid(pid_dir: str, rank: int) -> None:
-    Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+    """Written whole or not at all (a rename): a test polling the folder read an empty file."""
+    partial = Path(pid_dir, f"rank{rank}.pid.partial")
+    partial.write_text(str(os.getpid()))
+    partial.rename(Path(pid_dir, f"rank{rank}.pid"))
 
 
 def recorded_pids(pid_dir: Path) -> list[int]:

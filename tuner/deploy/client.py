@@ -427,15 +427,18 @@ def _tuned(
 
 
 def measured_elsewhere(tuned_on: dict[str, Any], here: dict[str, Any]) -> str | None:
-    """Why the config's measurements may not hold in this process (None when its hardware key
-    names, device aside, are this one's): the config is still correct, but its choices were the
-    fastest where it was tuned. A run beside other work tunes on the cores left free, and which
-    backend wins can change with the thread count (EfficientNet-B0 tuned on 1 thread chose
-    torch.compile, 1.77x against AOTInductor's 1.38x; on 2 quiet threads AOTInductor was 1.45x,
-    torch.compile 1.28x)."""
+    """Why the config's measurements may not hold in this process (None when the CPU or GPU
+    name, the torch version and, on a CPU, the thread count are this process's): the config is
+    still correct, but its choices were the fastest where it was tuned. A run beside other
+    work tunes on the cores left free, and which backend wins can change with the thread count
+    (EfficientNet-B0 tuned on 1 thread chose torch.compile, 1.77x against AOTInductor's 1.38x;
+    on 2 quiet threads AOTInductor was 1.45x, torch.compile 1.28x)."""
+    fields = [("name", "on"), ("torch", "torch")]
+    if Device.parse(here["device"]).kind == "cpu":  # a GPU's kernels do not run on the threads
+        fields.append(("threads", "threads"))
     differs = [
         f"{what} {tuned_on.get(field)} (here {here.get(field)})"
-        for field, what in (("name", "on"), ("torch", "torch"), ("threads", "threads"))
+        for field, what in fields
         if tuned_on.get(field) != here.get(field)
     ]
     if not differs:

@@ -315,6 +315,11 @@ def test_a_config_measured_on_other_threads_is_applied_and_logged(
     assert len(said) == 1, caplog.records
     assert f"threads {elsewhere['threads']} (here {here['threads']})" in said[0]
     assert measured_elsewhere(here, dict(here)) is None
+    gpu = {"device": "cuda:0", "name": "NVIDIA H200", "torch": "2.13.0", "threads": 16}
+    assert measured_elsewhere(gpu, {**gpu, "threads": 4}) is None  # a GPU's kernels: no threads
+    assert "torch 2.13.0 (here 2.11.0)" in (
+        measured_elsewhere(gpu, {**gpu, "torch": "2.11.0"}) or ""
+    )
 
 
 def test_a_damaged_cache_entry_is_ignored(
