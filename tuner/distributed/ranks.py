@@ -1,14 +1,17 @@
 """Running one function on N ranks of a real process group on this machine, and never hanging.
 
-fxtune starts the ranks itself (no torchrun): one spawned process per rank, a TCPStore hosted by
-the launcher on loopback, gloo on CPU or NCCL with one GPU per rank. What can go wrong with
+fxtune starts the ranks itself (no torchrun): one process per rank, a TCPStore hosted by the
+launcher on loopback, gloo on CPU or NCCL with one GPU per rank. The ranks are forked by
+multiprocessing's fork server, a fresh process that imported torch once and nothing else ran
+in (no threads, no CUDA context to inherit): a spawned rank paid two seconds of CPU importing
+torch, at every launch. What can go wrong with
 ranks is that one dies and the others wait for it forever, or that the launcher dies and leaves
 ranks behind. So:
 
 - every collective has a timeout (`init_process_group(timeout=...)`), so a rank waiting for a
   dead peer fails instead of blocking;
-- every rank asks the kernel to kill it when its parent dies (Linux `PR_SET_PDEATHSIG`), so a
-  killed launcher leaves no rank running;
+- every rank ends when its launcher does (a thread waits on the launcher's multiprocessing
+  sentinel), so a killed launcher leaves no rank running;
 - the launcher watches every rank's exit and result; the first failure (an exception, a signal,
   a non-zero exit) stops the job: the other ranks are terminated, then killed, then reaped,
   and `RankFailedError` says which rank failed and why. A whole-job deadline bounds the rest.
@@ -16,13 +19,13 @@ ranks behind. So:
 
 from __future__ import annotations
 
-import ctypes
+import logging
 import math
 import multiprocessing as mp
 import os
 import pickle
-import signal
-import sys
+import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,7 +39,8 @@ import torch.distributed as dist
 
 from tuner.contract.errors import RankFailedError
 
-_PR_SET_PDEATHSIG = 1
+log = logging.getLogger("fxtune.distributed")
+
 _GRACE_S = 3.0
 _SETTLE_S = 1.0
 
@@ -57,24 +61,54 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent goes (Linux; a no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+def _die_with_launcher() -> None:
+    """End this rank when the launcher goes, however it goes (SIGKILL included).
+
+    Its parent is the fork server, which outlives a killed launcher while any rank runs (each
+    holds the server's keep-alive pipe), so `PR_SET_PDEATHSIG` is not enough. multiprocessing
+    gives every child a sentinel that becomes ready when the process that started it is gone:
+    a daemon thread waits on it and ends the process."""
+    launcher = mp.parent_process()
+    if launcher is None:
+        return
+
+    def watch() -> None:
+        wait([launcher.sentinel])
         os._exit(1)
+
+    threading.Thread(target=watch, name="fxtune-launcher-watch", daemon=True).start()
+
+
+# A Unix socket's path holds at most 107 bytes; the fork server's is
+# "$TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX" (multiprocessing's temporary folder, then its name).
+_SOCKET_PATH_MAX = 107
+_SERVER_SOCKET = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def _rank_context() -> Any:
+    """multiprocessing's fork server, torch imported in it before its first fork; spawn where
+    the server's socket cannot be made (its path, in this process's temporary folder, would be
+    too long: a job folder deep in a worker's data folder). The preload applies to the server
+    this process starts (one per process, started on first use)."""
+    if len(os.fsencode(tempfile.gettempdir())) + _SERVER_SOCKET > _SOCKET_PATH_MAX:
+        log.debug("ranks are spawned: a fork server's socket path would be too long")
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
 
 
 def _rank_main(
     fn: Callable[..., Any],
     rank: int,
     group: Group,
-    parent_pid: int,
+    environment: dict[str, str],
     conn: Connection,
     args: tuple[Any, ...],
 ) -> None:
-    _die_with_parent(parent_pid)
+    _die_with_launcher()
+    os.environ.clear()  # the launcher's, as a spawned rank saw it (the server's is older)
+    os.environ.update(environment)
     if group.threads is not None:
         torch.set_num_threads(group.threads)
     timeout = timedelta(seconds=group.collective_timeout_s)
@@ -127,8 +161,9 @@ def run_ranks(
 ) -> list[Any]:
     """Call `fn(rank, world_size, *args)` on every rank with the default group initialised.
 
-    `fn` and `args` must be picklable (a module-level function): ranks are spawned, not forked,
-    so no rank inherits the launcher's threads or a half-initialised CUDA context. Returns each
+    `fn` and `args` must be picklable (a module-level function): ranks are forked from the fork
+    server, not from the launcher, so no rank inherits the launcher's threads or a
+    half-initialised CUDA context; each gets the launcher's environment. Returns each
     rank's result, in rank order. Raises `RankFailedError` on the first failure, after stopping
     every rank. `threads` pins each rank's intra-op threads (ranks share the machine's cores).
     """
@@ -142,7 +177,7 @@ def run_ranks(
         timeout=timedelta(seconds=collective_timeout_s),
     )  # fmt: skip
     group = Group(world_size, backend, collective_timeout_s, store.port, threads)
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     processes: list[mp.process.BaseProcess] = []
     pipes: dict[Connection, int] = {}
     results: dict[int, Any] = {}
@@ -151,7 +186,7 @@ def run_ranks(
             receive, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_rank_main,
-                args=(fn, rank, group, os.getpid(), send, args),
+                args=(fn, rank, group, dict(os.environ), send, args),
                 name=f"fxtune-rank{rank}",
                 daemon=True,
             )

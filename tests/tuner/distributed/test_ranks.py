@@ -35,6 +35,41 @@ def test_every_rank_runs_on_a_real_group() -> None:
     assert run_ranks(gather_ranks, 2, backend="gloo") == [(0, [0.0, 1.0]), (1, [0.0, 1.0])]
 
 
+def environment_and_parent(rank: int, world_size: int) -> tuple[str | None, int]:
+    return os.environ.get("FXTUNE_TEST_RANK_ENV"), os.getppid()
+
+
+def test_ranks_see_the_launcher_s_environment_as_it_is_at_each_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ranks are forked by a fork server started at the first launch: its own environment
+    is that launch's, yet every launch's ranks see the launcher's as it is then."""
+    monkeypatch.setenv("FXTUNE_TEST_RANK_ENV", "first")
+    first = run_ranks(environment_and_parent, 2, backend="gloo")
+    monkeypatch.setenv("FXTUNE_TEST_RANK_ENV", "second")
+    second = run_ranks(environment_and_parent, 2, backend="gloo")
+    assert [env for env, _ in first] == ["first", "first"]
+    assert [env for env, _ in second] == ["second", "second"]
+    servers = {parent for _, parent in first + second}
+    assert len(servers) == 1 and os.getpid() not in servers  # one server forked them all
+
+
+def test_where_the_fork_server_s_socket_path_would_be_too_long_the_ranks_are_spawned(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A worker's job folder (the tuning child's temporary folder) can be deep: a Unix
+    socket's path holds 107 bytes, and the fork server failed to start under pytest's."""
+    import tempfile
+
+    from tuner.distributed import ranks
+
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert ranks._rank_context().get_start_method() == "spawn"
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert ranks._rank_context().get_start_method() == "forkserver"
+
+
 def test_an_exception_on_one_rank_fails_the_job() -> None:
     started = time.monotonic()
     with pytest.raises(RankFailedError, match="rank 1 failed: ValueError: rank one refuses"):
