@@ -145,10 +145,10 @@ def postgres() -> Iterator[Postgres]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with serial tests go first, then those with slow tests (tests/parallel.py). Tests
-    marked `cuda` skip where torch sees no CUDA device (`pytest -m cuda` selects them on a GPU
-    machine, and `make gpu-check` runs them there)."""
-    parallel.hand_out_order(items)
+    """Files with slow tests go first (tests/parallel.py). Tests marked `cuda` skip where torch
+    sees no CUDA device (`pytest -m cuda` selects them on a GPU machine, and `make gpu-check`
+    runs them there)."""
+    parallel.slow_files_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return

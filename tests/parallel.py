@@ -3,9 +3,8 @@
 Each file runs on one worker, so a module's fixtures (compiled packages, tuned outcomes) are
 built once. Two rules on top, applied by tests/conftest.py:
 
-- Files with `serial` tests are handed out first, their serial tests ahead of the rest of
-  the file (`hand_out_order` says why); then the files with `slow` tests: a long file that
-  started last would leave one worker running alone at the end.
+- Files with `slow` tests are handed out first: a long file that started last would leave one
+  worker running alone at the end.
 - A test marked `serial` runs with no other test beside it: it asserts a wall-clock limit or a
   speed verdict, which a compile on the other core would make flaky. Every test holds a shared
   lock from its setup to its teardown (so a module fixture built for it is covered); a serial
@@ -33,28 +32,10 @@ from pathlib import Path
 import pytest
 
 
-def hand_out_order(items: list[pytest.Item]) -> None:
-    """Reorder in place: the files holding a `serial` test first, their serial tests ahead of
-    the rest of the file; then the files holding a `slow` test; then the others, each file's
-    tests in order otherwise.
-
-    A serial test waits for the other worker's current test to end, its core idle meanwhile:
-    in the middle of the run that was often a long end-to-end test (79 s of waiting in all).
-    At the start both workers are on serial files, so a serial test mostly waits for another
-    serial test, which it would have to wait for anyway.
-    """
-
-    def has(marker: str) -> set[Path]:
-        return {item.path for item in items if item.get_closest_marker(marker) is not None}
-
-    serial, slow = has("serial"), has("slow")
-    position = {path: n for n, path in enumerate(dict.fromkeys(item.path for item in items))}
-
-    def rank(item: pytest.Item) -> tuple[int, int, bool]:
-        kind = 0 if item.path in serial else 1 if item.path in slow else 2
-        return kind, position[item.path], item.get_closest_marker("serial") is None
-
-    items.sort(key=rank)
+def slow_files_first(items: list[pytest.Item]) -> None:
+    """Reorder in place: the files holding a `slow` test first, each file's tests in order."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @contextlib.contextmanager

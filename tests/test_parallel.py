@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import Turns, hand_out_order, summary, turn
+from tests.parallel import Turns, slow_files_first, summary, turn
 from tests.reruns import RERUN_LINES, FirstFailures
 
 
@@ -84,27 +84,19 @@ class _Item:
         return name if name in self.markers else None
 
 
-def test_serial_files_go_first_with_their_serial_tests_ahead_then_slow_files() -> None:
+def test_files_with_slow_tests_are_handed_out_first() -> None:
     items = [
         _Item(Path("a.py")),
         _Item(Path("b.py")),
         _Item(Path("b.py"), {"slow"}),
         _Item(Path("c.py")),
-        _Item(Path("d.py"), {"slow"}),
         _Item(Path("d.py"), {"slow", "serial"}),
-        _Item(Path("e.py"), {"serial"}),
-        _Item(Path("e.py")),
-        _Item(Path("e.py"), {"serial"}),
     ]
-    hand_out_order(items)  # type: ignore[arg-type]
+    slow_files_first(items)  # type: ignore[arg-type]
     assert [(str(i.path), sorted(i.markers)) for i in items] == [
-        ("d.py", ["serial", "slow"]),
-        ("d.py", ["slow"]),
-        ("e.py", ["serial"]),
-        ("e.py", ["serial"]),
-        ("e.py", []),
         ("b.py", []),
         ("b.py", ["slow"]),
+        ("d.py", ["serial", "slow"]),
         ("a.py", []),
         ("c.py", []),
     ]
