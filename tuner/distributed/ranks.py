@@ -4,9 +4,8 @@ fxtune starts the ranks itself (no torchrun): one process per rank, a TCPStore h
 launcher on loopback, gloo on CPU or NCCL with one GPU per rank. The ranks are forked by
 multiprocessing's fork server, a fresh process that imported torch once and nothing else ran
 in (no threads, no CUDA context to inherit): a spawned rank paid two seconds of CPU importing
-torch, at every launch. What can go wrong with
-ranks is that one dies and the others wait for it forever, or that the launcher dies and leaves
-ranks behind. So:
+torch, at every launch. What can go wrong with ranks is that one dies and the others wait for
+it forever, or that the launcher dies and leaves ranks behind. So:
 
 - every collective has a timeout (`init_process_group(timeout=...)`), so a rank waiting for a
   dead peer fails instead of blocking;
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import torch
@@ -85,7 +85,7 @@ _SOCKET_PATH_MAX = 107
 _SERVER_SOCKET = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 
 
-def _rank_context() -> Any:
+def _rank_context() -> BaseContext:
     """multiprocessing's fork server, torch imported in it before its first fork; spawn where
     the server's socket cannot be made (its path, in this process's temporary folder, would be
     too long: a job folder deep in a worker's data folder). The preload applies to the server
