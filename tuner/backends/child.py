@@ -62,6 +62,7 @@ def main(argv: list[str]) -> int:
         with torch.inference_mode():
             backends.load_aoti(package)(*inputs)
         report = {"package": str(package), "compile_s": compile_s}
+    report["threads"] = torch.get_num_threads()  # what inductor generated its loops for
     print(json.dumps(report), flush=True)
     return 0
 

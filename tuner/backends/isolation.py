@@ -48,6 +48,10 @@ class ChildCompile:
     seconds: float  # the child's job, given to exit (a child started for it: from its start)
     compile_s: float  # of which compiling (the rest: loading the program, exiting; starting
     # Python and importing torch where the child was not started ahead)
+    # torch's thread count in the child while it built: inductor's CPU code depends on it (on
+    # one thread it emits no OpenMP loops), so it is the machine's, not the count the tuner
+    # measures on (None from a child that did not say)
+    threads: int | None = None
 
 
 def _inductor_home() -> str:
@@ -193,7 +197,8 @@ def compile_aoti_in_child(
     (one of `children`, else one started for it)."""
     args = [str(program_path), str(package_path)] + (["--instrumented"] if instrumented else [])
     seconds, report = _run_child(children, args, timeout_s, "the package", "AOTInductor compile")
-    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]))
+    threads = report.get("threads")
+    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]), threads)
 
 
 def probe_in_child(
@@ -203,7 +208,8 @@ def probe_in_child(
     what = f"under {backend}"
     args = [str(program_path), "--probe", backend]
     seconds, report = _run_child(children, args, timeout_s, what, f"{backend} probe")
-    return ChildCompile(program_path, seconds, float(report["compile_s"]))
+    threads = report.get("threads")
+    return ChildCompile(program_path, seconds, float(report["compile_s"]), threads)
 
 
 def _run_child(

@@ -15,6 +15,7 @@ from tests.tuner.tuning_fixtures import SplitNormTanh
 from tuner.backends import isolation
 from tuner.graph.capture import export_module
 from tuner.host.load import CoreLoad
+from tuner.measure.timing import fixed_threads
 from tuner.tuning.tuner import TuneOptions, tune_program
 
 CRASHING = "tests.tuner.backends.crashing_child"
@@ -103,6 +104,21 @@ def test_without_children_each_compile_starts_its_own(tmp_path: Path) -> None:
     done = isolation.probe_in_child(_saved_program(tmp_path), "eager", timeout_s=120)
     assert done.compile_s <= done.seconds
     assert _waiting_children() == set()
+
+
+def test_a_child_builds_on_the_machine_s_threads_whatever_the_tuner_measures_on(
+    tmp_path: Path,
+) -> None:
+    """Inductor's CPU code depends on torch's thread count while it builds: built on one
+    thread, vit_tiny's package had no OpenMP loops and ran 0.95x of the two-thread build on two
+    threads. A run measuring on one thread (beside other work, or `--threads 1`) must still ship
+    a package built for the machine."""
+    machine = torch.get_num_threads()
+    if machine < 2:
+        pytest.skip("one thread here: nothing to tell apart")
+    with fixed_threads(1):
+        done = isolation.probe_in_child(_saved_program(tmp_path), "eager", timeout_s=120)
+    assert done.threads == machine
 
 
 def test_a_child_s_precompiled_headers_go_to_this_process_s_inductor_folder(
