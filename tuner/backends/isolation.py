@@ -197,8 +197,8 @@ def compile_aoti_in_child(
     (one of `children`, else one started for it)."""
     args = [str(program_path), str(package_path)] + (["--instrumented"] if instrumented else [])
     seconds, report = _run_child(children, args, timeout_s, "the package", "AOTInductor compile")
-    threads = report.get("threads")
-    return ChildCompile(Path(report["package"]), seconds, float(report["compile_s"]), threads)
+    package = Path(report["package"])
+    return ChildCompile(package, seconds, float(report["compile_s"]), report.get("threads"))
 
 
 def probe_in_child(
@@ -208,8 +208,7 @@ def probe_in_child(
     what = f"under {backend}"
     args = [str(program_path), "--probe", backend]
     seconds, report = _run_child(children, args, timeout_s, what, f"{backend} probe")
-    threads = report.get("threads")
-    return ChildCompile(program_path, seconds, float(report["compile_s"]), threads)
+    return ChildCompile(program_path, seconds, float(report["compile_s"]), report.get("threads"))
 
 
 def _run_child(

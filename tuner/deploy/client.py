@@ -436,16 +436,12 @@ def measured_elsewhere(tuned_on: dict[str, Any], here: dict[str, Any]) -> str | 
     fields = [("name", "on"), ("torch", "torch")]
     if Device.parse(here["device"]).kind == "cpu":  # a GPU's kernels do not run on the threads
         fields.append(("threads", "threads"))
-    differs = [field for field, _ in fields if tuned_on.get(field) != here.get(field)]
+    differs = [(field, what) for field, what in fields if tuned_on.get(field) != here.get(field)]
     if not differs:
         return None
-    said = ", ".join(
-        f"{what} {tuned_on.get(field)} (here {here.get(field)})"
-        for field, what in fields
-        if field in differs
-    )
+    said = ", ".join(f"{what} {tuned_on.get(f)} (here {here.get(f)})" for f, what in differs)
     advice = "tune where it deploys"
-    if "threads" in differs:
+    if ("threads", "threads") in differs:
         advice += f", with `fxtune tune --threads {here.get('threads')}`"
     return f"the config was measured elsewhere: {said}; its choices may be slower here ({advice})"
 

@@ -178,6 +178,7 @@ def run_ranks(
     )  # fmt: skip
     group = Group(world_size, backend, collective_timeout_s, store.port, threads)
     ctx = _rank_context()
+    environment = dict(os.environ)  # one snapshot for every rank
     processes: list[mp.process.BaseProcess] = []
     pipes: dict[Connection, int] = {}
     results: dict[int, Any] = {}
@@ -186,7 +187,7 @@ def run_ranks(
             receive, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_rank_main,
-                args=(fn, rank, group, dict(os.environ), send, args),
+                args=(fn, rank, group, environment, send, args),
                 name=f"fxtune-rank{rank}",
                 daemon=True,
             )
