@@ -34,6 +34,7 @@ import pytest
 from service.launch import free_port
 from tests import parallel
 from tests.reruns import FirstFailures
+from tests.run_cache import RUN_CACHE_ENV
 from tuner.host import failures
 
 os.environ[failures.STRICT_ENV] = "1"
@@ -142,6 +143,21 @@ def postgres() -> Iterator[Postgres]:
             check=False,
         )
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_local_decision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One decision cache per test process (each xdist worker), empty when the run starts, in
+    place of ~/.cache/fxtune (tests/run_cache.py)."""
+    path = tmp_path_factory.mktemp("fxtune-cache") / "decisions.json"
+    saved = {name: os.environ.get(name) for name in RUN_CACHE_ENV}
+    os.environ.update(dict.fromkeys(RUN_CACHE_ENV, str(path)))
+    yield path
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

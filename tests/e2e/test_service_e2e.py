@@ -164,11 +164,12 @@ def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_pat
     with serve_process(env, tmp_path / "serve.log") as url:
         job_id = upload(url, programs["good"], tune="true", budget_s="5").json()["job"]["id"]
         with worker_process(url, env, tmp_path / "doomed.log") as doomed:
-
+            # Mid-job: leased and its tuner started. Not "progress > 0" too: on busy cores the
+            # program's loading took 3.9 s of the 5 s budget, and progress rose only at the end.
             def tuning() -> list[int] | None:
                 job = httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
                 kids = children(doomed.pid)
-                return kids if job["status"] == "running" and job["progress"] > 0 and kids else None
+                return kids if job["status"] == "running" and kids else None
 
             tuners = wait_for(tuning, 120, "the first worker to be mid-job")
             os.kill(doomed.pid, signal.SIGKILL)

@@ -23,6 +23,7 @@ from service.analysis import ProgramAnalysis, program_analysis
 from service.core.config import Settings
 from service.launch import free_port
 from service.main import create_app
+from tests.run_cache import RUN_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 # TestClient's default Host ("testserver") is not an address of the service: the Host check
@@ -148,8 +149,11 @@ def sqlite_service(root: Path, **settings: Any) -> Iterator[str]:
 def fxtune_env(**env: str) -> dict[str, str]:
     """This process's environment without its FXTUNE_ settings, plus `env`. A worker warms no
     compile caches unless `env` asks (tests/worker/test_warm_temp.py does): a real AOTInductor
-    build in every worker a test starts would cost the suite minutes of CPU."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_")}
+    build in every worker a test starts would cost the suite minutes of CPU. The run's own
+    decision cache stays (tests/conftest.py: never the user's ~/.cache/fxtune)."""
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_") or k in RUN_CACHE_ENV
+    }
     return {**base, "PYTHONPATH": str(REPO), "FXTUNE_WORKER_WARM_COMMAND": "[]", **env}
 
 
