@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-slow bytecode lint demo demo-serve serve bench bench-zoo gpu-check clean
+.PHONY: venv test test-quick bytecode lint demo demo-serve serve bench bench-zoo gpu-check clean
 
 venv: $(STAMP)
 
@@ -20,14 +20,14 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# The suite in two tiers. `make test`: every test not marked `slow`, in minutes (the loop to run
-# before a commit). `make test-slow`: the slow ones (real third-party models, whole services and
-# tuning runs end to end, the installed wheel). CI runs both (.ci/run); plain `pytest` runs all.
+# `make test` runs the whole suite, as CI does (.ci/run). `make test-quick` leaves out the tests
+# marked `slow` (real third-party models, services and tuning runs end to end, the installed
+# wheel): the loop to run while working, in about half the time.
 test: venv lint bytecode
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q
 
-test-slow: venv bytecode
-	$(VENV)/bin/pytest -q -m slow
+test-quick: venv lint bytecode
+	$(VENV)/bin/pytest -q -m "not slow"
 
 # Bytecode first: where PYTHONDONTWRITEBYTECODE=1 (CI containers set it) every Python the suite
 # starts, a few hundred of them, would compile fxtune's modules from source again.
