@@ -3,11 +3,8 @@
 Each file runs on one worker, so a module's fixtures (compiled packages, tuned outcomes) are
 built once. Two rules on top, applied by tests/conftest.py:
 
-- The longest files are handed out first: a long file that started last would leave one
-  worker running alone at the end. A file's length is the sum of its selected tests' seconds
-  as recorded in tests/durations.json (so `-m "not slow"` weighs a file by its quick tests
-  only); a test not recorded there counts 1 s, or 30 s when marked `slow`.
-  `python -m tests.parallel TIMELINE --durations tests/durations.json` records a run's.
+- Files with `slow` tests are handed out first: a long file that started last would leave one
+  worker running alone at the end.
 - A test marked `serial` runs with no other test beside it: it asserts a wall-clock limit or a
   speed verdict, which a compile on the other core would make flaky. Every test holds a shared
   lock from its setup to its teardown (so a module fixture built for it is covered); a serial
@@ -22,7 +19,6 @@ for its turn, got it and ended): where the suite's wall time goes, and how long 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import itertools
@@ -35,34 +31,11 @@ from pathlib import Path
 
 import pytest
 
-DURATIONS = Path(__file__).with_name("durations.json")
-UNRECORDED_S, UNRECORDED_SLOW_S = 1.0, 30.0
 
-
-def recorded_durations(path: Path = DURATIONS) -> dict[str, float]:
-    """Seconds per test id from a past run; none when the file is missing or unreadable."""
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): float(v) for k, v in found.items()} if isinstance(found, dict) else {}
-
-
-def longest_files_first(items: list[pytest.Item], durations: dict[str, float]) -> None:
-    """Reorder in place: files by the recorded seconds of their selected tests, longest first,
-    each file's tests in their order."""
-    weight: dict[Path, float] = collections.defaultdict(float)
-    for item in items:
-        slow = item.get_closest_marker("slow") is not None
-        weight[item.path] += durations.get(item.nodeid, UNRECORDED_SLOW_S if slow else UNRECORDED_S)
-    items.sort(key=lambda item: -weight[item.path])
-
-
-def durations_of(timeline: Path) -> dict[str, float]:
-    """Each test's seconds in a run's timeline (from its turn to its end), by test id."""
-    tests = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
-    seconds = {t["test"]: round(t["ended"] - t["got"], 1) for t in tests}
-    return dict(sorted(seconds.items()))
+def slow_files_first(items: list[pytest.Item]) -> None:
+    """Reorder in place: the files holding a `slow` test first, each file's tests in order."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @contextlib.contextmanager
@@ -176,13 +149,7 @@ def summary(timeline: Path) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m tests.parallel TIMELINE.jsonl [--durations OUT.json]
-    import argparse
+if __name__ == "__main__":  # python -m tests.parallel TIMELINE.jsonl
+    import sys
 
-    args = argparse.ArgumentParser(description="Sum up a run's timeline (tests/parallel.py).")
-    args.add_argument("timeline", type=Path)
-    args.add_argument("--durations", type=Path, help="also write each test's seconds here")
-    given = args.parse_args()
-    print(summary(given.timeline))
-    if given.durations is not None:
-        given.durations.write_text(json.dumps(durations_of(given.timeline), indent=0) + "\n")
+    print(summary(Path(sys.argv[1])))

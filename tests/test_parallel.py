@@ -11,14 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import (
-    Turns,
-    durations_of,
-    longest_files_first,
-    recorded_durations,
-    summary,
-    turn,
-)
+from tests.parallel import Turns, slow_files_first, summary, turn
 from tests.reruns import RERUN_LINES, FirstFailures
 
 
@@ -91,63 +84,22 @@ class _Item:
         return name if name in self.markers else None
 
 
-@dataclass
-class _Node(_Item):
-    name: str = ""
-
-    @property
-    def nodeid(self) -> str:
-        return f"{self.path}::{self.name}"
-
-
-def test_the_longest_files_are_handed_out_first() -> None:
-    """A file weighs its selected tests' recorded seconds; a test with no record counts 1 s, or
-    30 s when marked slow; each file's tests keep their order."""
+def test_files_with_slow_tests_are_handed_out_first() -> None:
     items = [
-        _Node(Path("a.py"), name="quick"),
-        _Node(Path("b.py"), name="one"),
-        _Node(Path("b.py"), {"slow"}, name="two"),  # unrecorded: 30 s
-        _Node(Path("c.py"), name="long"),
-        _Node(Path("c.py"), name="new"),  # unrecorded: 1 s
-        _Node(Path("d.py"), name="quick"),
+        _Item(Path("a.py")),
+        _Item(Path("b.py")),
+        _Item(Path("b.py"), {"slow"}),
+        _Item(Path("c.py")),
+        _Item(Path("d.py"), {"slow", "serial"}),
     ]
-    durations = {"a.py::quick": 2.0, "b.py::one": 5.0, "c.py::long": 40.0, "d.py::quick": 0.5}
-    longest_files_first(items, durations)  # type: ignore[arg-type]
-    assert [i.nodeid for i in items] == [
-        "c.py::long",
-        "c.py::new",
-        "b.py::one",
-        "b.py::two",
-        "a.py::quick",
-        "d.py::quick",
+    slow_files_first(items)  # type: ignore[arg-type]
+    assert [(str(i.path), sorted(i.markers)) for i in items] == [
+        ("b.py", []),
+        ("b.py", ["slow"]),
+        ("d.py", ["serial", "slow"]),
+        ("a.py", []),
+        ("c.py", []),
     ]
-
-
-def test_a_timeline_gives_each_test_s_seconds_and_they_read_back(tmp_path: Path) -> None:
-    timeline = tmp_path / "timeline.jsonl"
-    rows = [
-        {"test": "b.py::t", "got": 10.0, "ended": 12.54},
-        {"test": "a.py::t", "got": 1.0, "ended": 1.04},
-        {"test": "b.py::t", "got": 20.0, "ended": 21.0},  # a rerun: the last one counts
-    ]
-    timeline.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert list(durations_of(timeline).items()) == [("a.py::t", 0.0), ("b.py::t", 1.0)]
-    recorded = tmp_path / "durations.json"
-    recorded.write_text(json.dumps(durations_of(timeline)))
-    assert recorded_durations(recorded) == {"a.py::t": 0.0, "b.py::t": 1.0}
-    assert recorded_durations(tmp_path / "missing.json") == {}
-    (tmp_path / "bad.json").write_text("[1, 2")
-    assert recorded_durations(tmp_path / "bad.json") == {}
-
-
-def test_the_recorded_durations_name_tests_that_exist() -> None:
-    """tests/durations.json is read, and most of its ids are tests of this tree (a stale file
-    only orders worse; a wrong path would order nothing)."""
-    recorded = recorded_durations()
-    assert len(recorded) > 500
-    files = {test.split("::")[0] for test in recorded}
-    root = Path(__file__).resolve().parents[1]
-    assert sum((root / f).is_file() for f in files) >= 0.9 * len(files)
 
 
 @pytest.mark.serial
