@@ -150,14 +150,10 @@ def run_local_decision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """One decision cache per test process (each xdist worker), empty when the run starts, in
     place of ~/.cache/fxtune (tests/run_cache.py)."""
     path = tmp_path_factory.mktemp("fxtune-cache") / "decisions.json"
-    saved = {name: os.environ.get(name) for name in RUN_CACHE_ENV}
-    os.environ.update(dict.fromkeys(RUN_CACHE_ENV, str(path)))
-    yield path
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with pytest.MonkeyPatch.context() as patch:
+        for name in RUN_CACHE_ENV:
+            patch.setenv(name, str(path))
+        yield path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
