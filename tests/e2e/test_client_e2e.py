@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from service.launch import serve_process
 from tests.service.helpers import (
+    POLL,
     REPO,
     children,
     fxtune_env,
@@ -111,7 +112,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuned]:
         assert up.status_code == 201, up.text
 
         def finished() -> dict | None:
-            job = httpx.get(f"{url}/api/v1/jobs/{up.json()['job']['id']}").json()
+            job = POLL.get(f"{url}/api/v1/jobs/{up.json()['job']['id']}").json()
             return job if job["status"] in ("succeeded", "failed") else None
 
         job = wait_for(finished, 150, "the tuning job", 0.25)

@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from service.launch import free_port
-from tests.service.helpers import tiny_program
+from tests.service.helpers import POLL, tiny_program
 
 pytestmark = pytest.mark.e2e
 
@@ -312,6 +312,6 @@ def test_serve_submit_and_load_tuned_from_installed_wheels(
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return POLL.get(f"{url}/healthz", timeout=2).status_code == 200
     except httpx.TransportError:
         return False

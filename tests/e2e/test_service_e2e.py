@@ -21,6 +21,7 @@ import torch
 from service.launch import serve_process
 from tests.service.fakes import write_result
 from tests.service.helpers import (
+    POLL,
     REPO,
     children,
     fxtune_env,
@@ -62,7 +63,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def wait_job(url: str, job_id: int, timeout_s: float = 180) -> dict[str, Any]:
     def finished() -> dict[str, Any] | None:
-        job = httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
+        job = POLL.get(f"{url}/api/v1/jobs/{job_id}").json()
         return job if job["status"] in ("succeeded", "failed") else None
 
     return wait_for(finished, timeout_s, f"job {job_id} to finish", 0.5)
@@ -73,14 +74,13 @@ def upload(url: str, path: Path, **fields: str) -> httpx.Response:
         return httpx.post(f"{url}/api/v1/models", files={"file": f}, data=fields, timeout=60)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    db = f"sqlite:///{tmp_path / 'fxtune.db'}"
-    if request.param == "postgresql":
-        db = request.getfixturevalue("postgres").new_database()
+@pytest.fixture
+def env(postgres: Any, tmp_path: Path) -> dict[str, str]:
+    """On PostgreSQL, the scale-out database; the other end-to-end runs of a real worker (the
+    killed worker, the embedded worker, tests/e2e/test_client_e2e.py) are on SQLite."""
     return fxtune_env(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
-        FXTUNE_DATABASE_URL=db,
+        FXTUNE_DATABASE_URL=postgres.new_database(),
         FXTUNE_WORKER_TUNE_COMMAND=TUNE,
         FXTUNE_WARM_CHECKERS=COLD_CHECKS,
     )
@@ -167,7 +167,7 @@ def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_pat
             # Mid-job: leased and its tuner started. Not "progress > 0" too: on busy cores the
             # program's loading took 3.9 s of the 5 s budget, and progress rose only at the end.
             def tuning() -> list[int] | None:
-                job = httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
+                job = POLL.get(f"{url}/api/v1/jobs/{job_id}").json()
                 kids = children(doomed.pid)
                 return kids if job["status"] == "running" and kids else None
 
@@ -177,7 +177,7 @@ def test_a_worker_killed_mid_job_loses_nothing(programs: dict[str, Any], tmp_pat
             wait_for(lambda: not any(pid_alive(p) for p in tuners), 10, "its tuner to die too")
 
         def requeued() -> bool:  # by the service's own reaper: no worker is claiming now
-            job = httpx.get(f"{url}/api/v1/jobs/{job_id}").json()
+            job = POLL.get(f"{url}/api/v1/jobs/{job_id}").json()
             return job["status"] == "queued" and "lease expired" in (job["error"] or "")
 
         wait_for(requeued, 30, "the reaper to requeue the job")

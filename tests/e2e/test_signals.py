@@ -14,7 +14,15 @@ import httpx
 import pytest
 
 from service.launch import free_port
-from tests.service.helpers import REPO, children, fxtune_env, pid_alive, tiny_program, wait_for
+from tests.service.helpers import (
+    POLL,
+    REPO,
+    children,
+    fxtune_env,
+    pid_alive,
+    tiny_program,
+    wait_for,
+)
 from tuner.host.sandbox import bwrap_works
 
 SANDBOX = "auto" if bwrap_works() else "none"
@@ -192,6 +200,6 @@ def _demo_tree(pid: int) -> set[int]:
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return POLL.get(f"{url}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False

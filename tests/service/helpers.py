@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 import uvicorn
 
@@ -26,6 +27,9 @@ from service.main import create_app
 from tests.run_cache import RUN_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
+# For the loops that poll a live service: `httpx.get` builds a client, and with it an SSL
+# context (30 ms of CPU), on every call. No keep-alive: the services polled come and go.
+POLL = httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0))
 # TestClient's default Host ("testserver") is not an address of the service: the Host check
 # refuses it like any DNS-rebinding name, so in-process clients talk to loopback.
 LOCAL = "http://127.0.0.1"
