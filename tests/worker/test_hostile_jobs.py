@@ -18,17 +18,11 @@ from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
 
-PLANTED = (
-    "planted_library",
-    "zip_bomb",
-    "from_file",
-    "pickled_inputs",
-    "expression_exec",
-    "guard_exec",
-    "name_exec",
-    "zeros_bomb",
-    "matmul_chain",
-)
+# One of each kind of refusal, each a tuning child of its own (5 s here): a hostile archive, a
+# string torch's deserializer would evaluate, a resource bomb. Every crafted file is refused by
+# the loader (tests/tuner/loading/test_load.py) and by `fxtune sites` with exit 3
+# (tests/tuner/loading/test_untrusted_programs.py); this is the worker's path around it.
+PLANTED = ("planted_library", "expression_exec", "zeros_bomb")
 
 
 @pytest.fixture
