@@ -32,10 +32,11 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -246,6 +247,36 @@ class LocalSampler:
         return deadline - time.perf_counter()
 
 
+TARGET_CI_ENV = "FXTUNE_TIMING_TARGET_CI"
+MAX_ROUNDS_ENV = "FXTUNE_TIMING_MAX_ROUNDS"
+
+
+@dataclass(frozen=True)
+class StopSettings:
+    """When a comparison that names neither stops sampling, in this process: once its
+    interval is within `target_rel_ci` of the estimate, or at `max_rounds`. Wider and fewer
+    tune sooner and tell fewer small differences from noise; the test suite runs with 5 % and
+    60 (tests/conftest.py), `make bench` and users with these defaults."""
+
+    target_rel_ci: float = 0.02
+    max_rounds: int = 200
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> StopSettings:
+        default = cls()
+        target = float(environ.get(TARGET_CI_ENV, default.target_rel_ci))
+        rounds = int(environ.get(MAX_ROUNDS_ENV, default.max_rounds))
+        if not (0 <= target < 1 and rounds >= 1):
+            raise ValueError(f"{TARGET_CI_ENV} must be in [0, 1) and {MAX_ROUNDS_ENV} at least 1")
+        return cls(target, rounds)
+
+
+@functools.cache
+def stop_settings() -> StopSettings:
+    """Read from the environment once, on first use."""
+    return StopSettings.from_environ(os.environ)
+
+
 @dataclass(frozen=True)
 class RoundRules:
     """When rounds start, how long samples are, and when sampling stops (`run_rounds`)."""
@@ -397,8 +428,8 @@ def compare(
     budget_s: float = 2.0,
     warmup: int = 3,
     min_rounds: int = 8,
-    max_rounds: int = 200,
-    target_rel_ci: float = 0.02,
+    max_rounds: int | None = None,
+    target_rel_ci: float | None = None,
     confidence: float = 0.95,
     seed: int = 0,
     min_sample_s: float = MIN_SAMPLE_S,
@@ -406,11 +437,15 @@ def compare(
     clock: Clock = "wall",
 ) -> Comparison:
     """Interleaved A/B timing on this process (`run_rounds` with this device's timer, on
-    `clock`; the budget is wall time either way).
+    `clock`; the budget is wall time either way). Unnamed, `max_rounds` and `target_rel_ci`
+    are this process's `stop_settings()`.
 
     With fewer rounds than the confidence level needs (6 at 95 %), the interval is (0, inf)
     and the verdict 'within noise'.
     """
+    stop = stop_settings()
+    max_rounds = stop.max_rounds if max_rounds is None else max_rounds
+    target_rel_ci = stop.target_rel_ci if target_rel_ci is None else target_rel_ci
     device = Device.parse(device)
     timer, timing_ctx, pinned = _timing_setup(device, threads, clock)
     rules = RoundRules(

@@ -102,6 +102,22 @@ def test_stops_at_max_rounds_or_when_converged() -> None:
     assert (easy.stopped, easy.rounds) == ("converged", 8)
 
 
+def test_the_stopping_rule_not_named_is_the_process_s_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert measure.StopSettings.from_environ({}) == measure.StopSettings(0.02, 200)
+    env = {measure.TARGET_CI_ENV: "0.05", measure.MAX_ROUNDS_ENV: "60"}
+    assert measure.StopSettings.from_environ(env) == measure.StopSettings(0.05, 60)
+    for bad in ({measure.TARGET_CI_ENV: "1.5"}, {measure.MAX_ROUNDS_ENV: "0"}):
+        with pytest.raises(ValueError, match="FXTUNE_TIMING_"):
+            measure.StopSettings.from_environ(bad)
+    monkeypatch.setattr(measure, "stop_settings", lambda: measure.StopSettings(0.0, 4))
+    unnamed = compare(matmul, matmul, budget_s=5.0, min_rounds=2, threads=1)
+    assert (unnamed.stopped, unnamed.rounds) == ("max_rounds", 4)
+    named = compare(matmul, matmul, budget_s=5.0, min_rounds=2, max_rounds=6, threads=1)
+    assert (named.stopped, named.rounds) == ("max_rounds", 6)
+
+
 @pytest.mark.serial
 def test_short_calls_are_repeated_inside_one_sample() -> None:
     c = compare(lambda: None, lambda: None, budget_s=0.3, min_rounds=4, max_rounds=4)
