@@ -21,7 +21,6 @@ from tuner.tuning.tuner import TuneOptions, tune_program
 CRASHING = "tests.tuner.backends.crashing_child"
 
 
-@pytest.mark.serial
 @pytest.mark.slow
 def test_crashing_candidates_are_recorded_and_tuning_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
