@@ -18,10 +18,10 @@ tests of the warm pool ask for one (tests/service/test_warm_*.py), and the servi
 end-to-end tests start as subprocesses keep the shipped default (`fxtune_env` drops FXTUNE_*).
 
 Comparisons that name no stopping rule stop at a 5 % interval or 60 rounds, not at 2 % or 200
-(`tuner.measure.timing.StopSettings`): the tests check what the tuner decides and why, not
-differences of a few percent (tests/tuner/tuning, search and backends took 496 s of CPU with
-the shipped rule, 365 s with this one).
-The tests of the round loop name their rules; `make bench` times with the shipped ones.
+(`tuner.measure.timing.StopSettings`, tests/run_settings.py), in this process and in the
+services and workers the tests start: tests/tuner/tuning, search and backends took 496 s of CPU
+with the shipped rule, 365 s with this one. The tests of the round loop name their rules;
+`make bench` times with the shipped ones.
 """
 
 from __future__ import annotations
@@ -40,14 +40,13 @@ import pytest
 from service.launch import free_port
 from tests import parallel
 from tests.reruns import FirstFailures
-from tests.run_cache import RUN_CACHE_ENV
+from tests.run_settings import RUN_CACHE_ENV, RUN_TIMING
 from tuner.host import failures
 
 os.environ[failures.STRICT_ENV] = "1"
 os.environ["FXTUNE_WARM_CHECKERS"] = "0"
 os.environ["FXTUNE_WORKER_WARM_COMMAND"] = "[]"  # see tests/service/helpers.fxtune_env
-os.environ["FXTUNE_TIMING_TARGET_CI"] = "0.05"  # `tuner.measure.timing.StopSettings`
-os.environ["FXTUNE_TIMING_MAX_ROUNDS"] = "60"
+os.environ.update(RUN_TIMING)  # `tuner.measure.timing.StopSettings`: tests/run_settings.py
 
 
 @dataclass
@@ -156,7 +155,7 @@ def postgres() -> Iterator[Postgres]:
 @pytest.fixture(scope="session", autouse=True)
 def run_local_decision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One decision cache per test process (each xdist worker), empty when the run starts, in
-    place of ~/.cache/fxtune (tests/run_cache.py)."""
+    place of ~/.cache/fxtune (tests/run_settings.py)."""
     path = tmp_path_factory.mktemp("fxtune-cache") / "decisions.json"
     with pytest.MonkeyPatch.context() as patch:
         for name in RUN_CACHE_ENV:

@@ -24,7 +24,7 @@ from service.analysis import ProgramAnalysis, program_analysis
 from service.core.config import Settings
 from service.launch import free_port
 from service.main import create_app
-from tests.run_cache import RUN_CACHE_ENV
+from tests.run_settings import RUN_CACHE_ENV, RUN_TIMING
 
 REPO = Path(__file__).resolve().parents[2]
 # For the loops that poll a live service: `httpx.get` builds a client, and with it an SSL
@@ -154,11 +154,17 @@ def fxtune_env(**env: str) -> dict[str, str]:
     """This process's environment without its FXTUNE_ settings, plus `env`. A worker warms no
     compile caches unless `env` asks (tests/worker/test_warm_temp.py does): a real AOTInductor
     build in every worker a test starts would cost the suite minutes of CPU. The run's own
-    decision cache stays (tests/conftest.py: never the user's ~/.cache/fxtune)."""
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_") or k in RUN_CACHE_ENV
+    settings stay (tests/run_settings.py), and a worker passes the stopping rule on to its
+    tuning children."""
+    kept = {*RUN_CACHE_ENV, *RUN_TIMING}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FXTUNE_") or k in kept}
+    return {
+        **base,
+        "PYTHONPATH": str(REPO),
+        "FXTUNE_WORKER_WARM_COMMAND": "[]",
+        "FXTUNE_WORKER_CHILD_ENV": ",".join(RUN_TIMING),
+        **env,
     }
-    return {**base, "PYTHONPATH": str(REPO), "FXTUNE_WORKER_WARM_COMMAND": "[]", **env}
 
 
 @contextlib.contextmanager

@@ -204,7 +204,7 @@ def test_result_files_stay_inside_the_output_folder(tmp_path: Path) -> None:
 def test_the_tune_command_carries_the_machines_cache_and_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("FXTUNE_WORKER_DECISION_CACHE")  # the suite's own (tests/run_cache.py)
+    monkeypatch.delenv("FXTUNE_WORKER_DECISION_CACHE")  # the suite's own (tests/run_settings.py)
     job = Assignment(1, 1, "cpu", 5.0, "token", 30.0, "0" * 64, 1, "m", "/file")
     plain = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
     cmd = plain.command(job, tmp_path / "m.pt2", tmp_path)
