@@ -270,23 +270,25 @@ def test_four_workers_race_over_200_jobs_on_postgresql(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("token", [None, "user-s3cret"], ids=["loopback", "token"])
-def test_serve_with_an_embedded_worker(
-    programs: dict[str, Any], tmp_path: Path, token: str | None
+def test_serve_with_an_embedded_worker_and_a_user_token(
+    programs: dict[str, Any], tmp_path: Path
 ) -> None:
     """The embedded worker is a child that talks HTTP, and it stops with the service.
 
     With a user token and no FXTUNE_WORKER_TOKEN, the service makes up a worker token for its
-    own worker: jobs still run, while the user token stays refused on the worker routes.
+    own worker: jobs still run, while the user token stays refused on the worker routes. On
+    loopback without a token the embedded worker tunes in tests/e2e/test_dashboard_browser.py
+    and test_installed_wheel.py, and stops with the service in tests/e2e/test_signals.py.
     """
+    token = "user-s3cret"
     env = fxtune_env(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_WORKER_TUNE_COMMAND=json.dumps([sys.executable, "-m", "tests.worker.fake_tune"]),
         FXTUNE_WORKER_POLL_S="0.2",
         FXTUNE_WARM_CHECKERS=COLD_CHECKS,
-        **({"FXTUNE_API_TOKEN": token} if token else {}),
+        FXTUNE_API_TOKEN=token,
     )
-    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    auth = {"Authorization": f"Bearer {token}"}
     with serve_process(env, tmp_path / "serve.log", "--embedded-worker") as url:
         with programs["good"].open("rb") as f:
             up = httpx.post(
@@ -299,10 +301,9 @@ def test_serve_with_an_embedded_worker(
         assert up.status_code == 201, up.text
         job = wait_job(url, up.json()["job"]["id"], timeout_s=120)
         assert job["status"] == "succeeded", job
-        if token:
-            body = {"worker_id": "me", "device": "cpu"}
-            claim = httpx.post(f"{url}/api/v1/jobs/claim", json=body, headers=auth)
-            assert claim.status_code == 403
+        body = {"worker_id": "me", "device": "cpu"}
+        claim = httpx.post(f"{url}/api/v1/jobs/claim", json=body, headers=auth)
+        assert claim.status_code == 403
         worker_pid = int(job["worker_id"].split("-")[-2])  # worker ids are host-pid-device
         assert pid_alive(worker_pid)
     wait_for(lambda: not pid_alive(worker_pid), 30, "the embedded worker to stop with the service")
