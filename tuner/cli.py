@@ -211,13 +211,14 @@ def tune_cmd(
     from tuner.graph.sizes import parse_sizes
     from tuner.host.load import sample_load, threads_beside
     from tuner.loading.bounds import load_bounded
-    from tuner.measure.timing import require_timing
+    from tuner.measure.timing import require_timing, stop_settings
     from tuner.tuning.outputs import write_outputs
     from tuner.tuning.tuner import TuneOptions, tune_program, tuning_session
 
     cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
     try:
         require_timing(device)  # a missing device fails before the model is even read
+        stop_settings()  # and so does a malformed FXTUNE_TIMING_ setting
         load = sample_load()
         wanted, held_back = torch.get_num_threads(), 0
         if threads is None and Device.parse(device).kind == "cpu":

@@ -44,7 +44,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from tuner.contract.device import Device
-from tuner.contract.errors import DeviceUnavailableError
+from tuner.contract.errors import DeviceUnavailableError, InputError
 from tuner.measure.summary import relative_width, summarize
 from tuner.measure.verdicts import Comparison
 
@@ -264,11 +264,18 @@ class StopSettings:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> StopSettings:
         default = cls()
-        target = float(environ.get(TARGET_CI_ENV, default.target_rel_ci))
-        rounds = int(environ.get(MAX_ROUNDS_ENV, default.max_rounds))
-        if not (0 <= target < 1 and rounds >= 1):
-            raise ValueError(f"{TARGET_CI_ENV} must be in [0, 1) and {MAX_ROUNDS_ENV} at least 1")
-        return cls(target, rounds)
+        target = environ.get(TARGET_CI_ENV, str(default.target_rel_ci))
+        rounds = environ.get(MAX_ROUNDS_ENV, str(default.max_rounds))
+        try:
+            settings = cls(float(target), int(rounds))
+        except ValueError:
+            settings = None
+        if settings is None or not (0 <= settings.target_rel_ci < 1 and settings.max_rounds >= 1):
+            raise InputError(
+                f"{TARGET_CI_ENV} must be a number in [0, 1) and {MAX_ROUNDS_ENV} a whole number "
+                f"of at least 1 (got {target!r} and {rounds!r})"
+            )
+        return settings
 
 
 @functools.cache

@@ -13,6 +13,7 @@ from typer.testing import CliRunner, Result
 import tuner.checks.inspect
 import tuner.loading.bounds
 import tuner.loading.load
+import tuner.measure.timing as timing
 from tests.crafted import good_program, traversal_names
 from tests.tuner.tuning_fixtures import BuggyRelu, registered
 from tuner.cli import app
@@ -79,6 +80,18 @@ def test_user_input_exits_2(good: Path, tmp_path: Path) -> None:
     code, out = _tune(good, tmp_path, "--sizes", "batch")
     assert code == ExitCode.USER_INPUT and "name=1,32,512" in out
     assert CliRunner().invoke(app, ["sites", str(not_an_archive)]).exit_code == ExitCode.USER_INPUT
+
+
+def test_a_malformed_stopping_rule_exits_2_before_the_model_is_read(
+    good: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(timing.TARGET_CI_ENV, "5 %")
+    timing.stop_settings.cache_clear()  # read once per process: read it again, and after
+    try:
+        code, out = _tune(tmp_path / "absent.pt2", tmp_path)
+    finally:
+        timing.stop_settings.cache_clear()
+    assert code == ExitCode.USER_INPUT and "FXTUNE_TIMING_TARGET_CI must be a number" in out
 
 
 def test_a_refused_artifact_exits_3(good: Path, tmp_path: Path) -> None:

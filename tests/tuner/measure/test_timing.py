@@ -9,7 +9,7 @@ import torch
 
 import tuner.measure.timing as measure
 from tuner.contract.device import Device
-from tuner.contract.errors import DeviceUnavailableError, UnsupportedDeviceError
+from tuner.contract.errors import DeviceUnavailableError, InputError, UnsupportedDeviceError
 from tuner.measure.inputs import fresh_inputs
 from tuner.measure.summary import median_interval, summarize
 from tuner.measure.timing import compare, fixed_threads
@@ -108,9 +108,10 @@ def test_the_stopping_rule_not_named_is_the_process_s_setting(
     assert measure.StopSettings.from_environ({}) == measure.StopSettings(0.02, 200)
     env = {measure.TARGET_CI_ENV: "0.05", measure.MAX_ROUNDS_ENV: "60"}
     assert measure.StopSettings.from_environ(env) == measure.StopSettings(0.05, 60)
-    for bad in ({measure.TARGET_CI_ENV: "1.5"}, {measure.MAX_ROUNDS_ENV: "0"}):
-        with pytest.raises(ValueError, match="FXTUNE_TIMING_"):
-            measure.StopSettings.from_environ(bad)
+    bad = [{measure.TARGET_CI_ENV: "1.5"}, {measure.TARGET_CI_ENV: "5 %"}]
+    for environ in [*bad, {measure.MAX_ROUNDS_ENV: "0"}]:
+        with pytest.raises(InputError, match="FXTUNE_TIMING_TARGET_CI must be a number"):
+            measure.StopSettings.from_environ(environ)
     monkeypatch.setattr(measure, "stop_settings", lambda: measure.StopSettings(0.0, 4))
     unnamed = compare(matmul, matmul, budget_s=5.0, min_rounds=2, threads=1)
     assert (unnamed.stopped, unnamed.rounds) == ("max_rounds", 4)
