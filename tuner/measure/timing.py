@@ -256,7 +256,7 @@ class StopSettings:
     """When a comparison that names neither stops sampling, in this process: once its
     interval is within `target_rel_ci` of the estimate, or at `max_rounds`. Wider and fewer
     tune sooner and tell fewer small differences from noise; the test suite runs with 5 % and
-    60 (tests/conftest.py), `make bench` and users with these defaults."""
+    60 (tests/run_settings.py), `make bench` and users with these defaults."""
 
     target_rel_ci: float = 0.02
     max_rounds: int = 200
