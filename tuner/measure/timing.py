@@ -247,43 +247,6 @@ class LocalSampler:
         return deadline - time.perf_counter()
 
 
-TARGET_CI_ENV = "FXTUNE_TIMING_TARGET_CI"
-MAX_ROUNDS_ENV = "FXTUNE_TIMING_MAX_ROUNDS"
-
-
-@dataclass(frozen=True)
-class StopSettings:
-    """When a comparison that names neither stops sampling, in this process: once its
-    interval is within `target_rel_ci` of the estimate, or at `max_rounds`. Wider and fewer
-    tune sooner and tell fewer small differences from noise; the test suite runs with 5 % and
-    60 (tests/run_settings.py), `make bench` and users with these defaults."""
-
-    target_rel_ci: float = 0.02
-    max_rounds: int = 200
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> StopSettings:
-        default = cls()
-        target = environ.get(TARGET_CI_ENV, str(default.target_rel_ci))
-        rounds = environ.get(MAX_ROUNDS_ENV, str(default.max_rounds))
-        try:
-            settings = cls(float(target), int(rounds))
-        except ValueError:
-            settings = None
-        if settings is None or not (0 <= settings.target_rel_ci < 1 and settings.max_rounds >= 1):
-            raise InputError(
-                f"{TARGET_CI_ENV} must be a number in [0, 1) and {MAX_ROUNDS_ENV} a whole number "
-                f"of at least 1 (got {target!r} and {rounds!r})"
-            )
-        return settings
-
-
-@functools.cache
-def stop_settings() -> StopSettings:
-    """Read from the environment once, on first use."""
-    return StopSettings.from_environ(os.environ)
-
-
 @dataclass(frozen=True)
 class RoundRules:
     """When rounds start, how long samples are, and when sampling stops (`run_rounds`)."""
@@ -296,6 +259,43 @@ class RoundRules:
     confidence: float = 0.95
     seed: int = 0
     min_sample_s: float = MIN_SAMPLE_S
+
+
+TARGET_CI_ENV = "FXTUNE_TIMING_TARGET_CI"
+MAX_ROUNDS_ENV = "FXTUNE_TIMING_MAX_ROUNDS"
+
+
+@dataclass(frozen=True)
+class StopSettings:
+    """When a comparison that names neither stops sampling, in this process: once its
+    interval is within `target_rel_ci` of the estimate, or at `max_rounds`. Wider and fewer
+    tune sooner and tell fewer small differences from noise; the test suite runs with 5 % and
+    60 (tests/run_settings.py), `make bench` and users with `RoundRules`' defaults."""
+
+    target_rel_ci: float = RoundRules.target_rel_ci
+    max_rounds: int = RoundRules.max_rounds
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> StopSettings:
+        target = environ.get(TARGET_CI_ENV, cls.target_rel_ci)
+        rounds = environ.get(MAX_ROUNDS_ENV, cls.max_rounds)
+        try:
+            settings = cls(float(target), int(rounds))
+            valid = 0 <= settings.target_rel_ci < 1 and settings.max_rounds >= 1
+        except ValueError:
+            valid = False
+        if not valid:
+            raise InputError(
+                f"{TARGET_CI_ENV} must be a number in [0, 1) and {MAX_ROUNDS_ENV} a whole number "
+                f"of at least 1 (got {target!r} and {rounds!r})"
+            )
+        return settings
+
+
+@functools.cache
+def stop_settings() -> StopSettings:
+    """Read from the environment once, on first use."""
+    return StopSettings.from_environ(os.environ)
 
 
 @dataclass
