@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from service.launch import free_port
-from tests.service.helpers import POLL, tiny_program
+from tests.service.helpers import healthy, tiny_program
 
 pytestmark = pytest.mark.e2e
 
@@ -279,7 +279,7 @@ def test_serve_submit_and_load_tuned_from_installed_wheels(
             cwd=empty, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        while not _healthy(url):
+        while not healthy(url):
             assert serve.poll() is None, log.read_text()
             assert time.monotonic() - started < 120, log.read_text()
             time.sleep(0.25)
@@ -308,10 +308,3 @@ def test_serve_submit_and_load_tuned_from_installed_wheels(
         print(f"$ fxtune fetch tiny.pt2  (light install): backend {config.get('backend')}, "
               f"fingerprint {config['model_fingerprint'][:16]}")  # fmt: skip
         print(f"load_tuned (light install): {json.dumps(result)}")
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return POLL.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False

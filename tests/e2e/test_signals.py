@@ -15,10 +15,10 @@ import pytest
 
 from service.launch import free_port
 from tests.service.helpers import (
-    POLL,
     REPO,
     children,
     fxtune_env,
+    healthy,
     pid_alive,
     tiny_program,
     wait_for,
@@ -86,7 +86,7 @@ def test_sigterm_ends_fxtune_serve_and_its_worker_and_tuning_child(tmp_path: Pat
     with (tmp_path / "serve.log").open("w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _healthy(url), 120, "the service")
+        wait_for(lambda: healthy(url), 120, "the service")
         program = tmp_path / "tiny.pt2"
         tiny_program(program)
         with program.open("rb") as f:
@@ -162,7 +162,7 @@ def test_no_warm_checker_outlives_fxtune_serve(tmp_path: Path, sig: signal.Signa
     with (tmp_path / "serve.log").open("w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _healthy(url), 120, "the service")
+        wait_for(lambda: healthy(url), 120, "the service")
         first = wait_for(lambda: warm_checkers(proc.pid), 60, "a warm checker to start")
         program = tmp_path / "tiny.pt2"
         tiny_program(program)
@@ -196,10 +196,3 @@ def _demo_tree(pid: int) -> set[int]:
     serving = any(" serve " in line for line in lines)
     tuning = any(" tune " in line for line in lines)
     return tree if serving and tuning else set()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return POLL.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

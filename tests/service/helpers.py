@@ -30,6 +30,16 @@ REPO = Path(__file__).resolve().parents[2]
 # For the loops that poll a live service: `httpx.get` builds a client, and with it an SSL
 # context (30 ms of CPU), on every call. No keep-alive: the services polled come and go.
 POLL = httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def healthy(url: str) -> bool:
+    """Whether the service at `url` answers /healthz (not yet, or no longer: False)."""
+    try:
+        return POLL.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 # TestClient's default Host ("testserver") is not an address of the service: the Host check
 # refuses it like any DNS-rebinding name, so in-process clients talk to loopback.
 LOCAL = "http://127.0.0.1"
