@@ -164,10 +164,10 @@ def run_local_decision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with slow tests go first (tests/parallel.py). Tests marked `cuda` skip where torch
+    """Files are handed out longest first (tests/parallel.py). Tests marked `cuda` skip where torch
     sees no CUDA device (`pytest -m cuda` selects them on a GPU machine, and `make gpu-check`
     runs them there)."""
-    parallel.slow_files_first(items)
+    parallel.longest_files_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return

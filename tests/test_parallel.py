@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import Turns, slow_files_first, summary, turn
+from tests.parallel import Turns, longest_files_first, summary, turn
 from tests.reruns import RERUN_LINES, FirstFailures
 
 
@@ -84,21 +84,25 @@ class _Item:
         return name if name in self.markers else None
 
 
-def test_files_with_slow_tests_are_handed_out_first() -> None:
+def test_files_are_handed_out_slow_then_serial_then_by_their_number_of_tests() -> None:
     items = [
         _Item(Path("a.py")),
         _Item(Path("b.py")),
         _Item(Path("b.py"), {"slow"}),
         _Item(Path("c.py")),
+        _Item(Path("c.py")),
         _Item(Path("d.py"), {"slow", "serial"}),
+        _Item(Path("e.py"), {"serial"}),
     ]
-    slow_files_first(items)  # type: ignore[arg-type]
+    longest_files_first(items)  # type: ignore[arg-type]
     assert [(str(i.path), sorted(i.markers)) for i in items] == [
+        ("d.py", ["serial", "slow"]),
         ("b.py", []),
         ("b.py", ["slow"]),
-        ("d.py", ["serial", "slow"]),
-        ("a.py", []),
+        ("e.py", ["serial"]),
         ("c.py", []),
+        ("c.py", []),
+        ("a.py", []),
     ]
 
 
