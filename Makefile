@@ -9,11 +9,15 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# torch through pip, which finds a local wheel where PIP_FIND_LINKS names one (uv does not read
+# pip's settings); the other hundred packages through uv, which installs and compiles them in
+# parallel: 19 s against pip's 42 s on this project's 2 cores.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[service,postgres,dev]'
+	$(PIP) install -q -c constraints.txt torch==2.13.0 uv
+	$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode -c constraints.txt \
+		-e '.[service,postgres,dev]'
 	touch $(STAMP)
 
 lint: venv
@@ -32,7 +36,7 @@ test-quick: venv lint bytecode
 # Bytecode first: where PYTHONDONTWRITEBYTECODE=1 (CI containers set it) every Python the suite
 # starts, a few hundred of them, would compile fxtune's modules from source again.
 bytecode: venv
-	$(PY) -m compileall -q -j 0 tuner service worker examples bench fxtune_cli.py
+	$(PY) -m compileall -q -j 0 tuner service worker examples bench tests fxtune_cli.py
 
 demo: venv
 	$(PY) -m examples.demo
