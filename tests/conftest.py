@@ -188,7 +188,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     serial = item.get_closest_marker("serial") is not None
     next_serial = nextitem is not None and nextitem.get_closest_marker("serial") is not None
-    with turns.turn(item.nodeid, serial, next_serial):
+    slow = item.get_closest_marker("slow") is not None
+    with turns.turn(item.nodeid, serial, next_serial, slow):
         return (yield)
 
 

@@ -8,9 +8,9 @@ built once. Two rules on top, applied by tests/conftest.py:
   most first. A long file
   that started last would leave one worker running alone at the end; serial tests taken early
   wait for the other worker's short tests, not for a long tuning fixture late in the run.
-  Replaying six recorded whole runs (`FXTUNE_TEST_TIMELINE`) in a model of two workers and the
-  serial lock, this order ended 6 to 41 s sooner than slow files first in collection order
-  (mean 25 s).
+  Replaying eight recorded whole runs (`FXTUNE_TEST_TIMELINE`) in a model of two workers and
+  the serial lock, this order ended 6 to 51 s sooner than slow files first in collection order
+  (mean 30 s); on the next two runs the model was within 6 s of the real length.
 - A test marked `serial` runs with no other test beside it: it asserts a wall-clock limit or a
   speed verdict, which a compile on the other core would make flaky. Every test holds a shared
   lock from its setup to its teardown (so a module fixture built for it is covered); a serial
@@ -19,8 +19,9 @@ built once. Two rules on top, applied by tests/conftest.py:
   lock from one serial test to the next when they follow each other in its queue: the others
   wait once for the run, not once per test (each wait lasts until their current test ends).
 
-`FXTUNE_TEST_TIMELINE=FILE` appends one JSON line per test (worker, test, serial, when it asked
-for its turn, got it and ended): where the suite's wall time goes, and how long workers waited.
+`FXTUNE_TEST_TIMELINE=FILE` appends one JSON line per test (worker, test, serial, slow, when it
+asked for its turn, got it and ended): where the suite's wall time goes, and how long workers
+waited. `python -m tests.parallel FILE --replay` replays it in other orders (`replay`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import os
 import resource
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -100,7 +102,9 @@ class Turns:
         self._held: contextlib.ExitStack | None = None
 
     @contextlib.contextmanager
-    def turn(self, test: str, serial: bool, next_serial: bool) -> Iterator[None]:
+    def turn(
+        self, test: str, serial: bool, next_serial: bool, slow: bool = False
+    ) -> Iterator[None]:
         asked = time.time()
         cpu_before = _cpu_s()
         if not serial and self._held is not None:  # never wait on this worker's own lock
@@ -119,7 +123,7 @@ class Turns:
                     self._held.close()
                     self._held = None
         if self.timeline is not None:
-            line = {"worker": os.getpid(), "test": test, "serial": serial}
+            line = {"worker": os.getpid(), "test": test, "serial": serial, "slow": slow}
             line.update(asked=asked, got=got, ended=time.time(), cpu_s=_cpu_s() - cpu_before)
             with self.timeline.open("a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -159,7 +163,102 @@ def summary(timeline: Path) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m tests.parallel TIMELINE.jsonl
+@dataclass(frozen=True)
+class Recorded:
+    """One test of a recorded run, as the replay needs it."""
+
+    file: str
+    seconds: float
+    serial: bool
+    slow: bool
+
+
+def recorded_files(timeline: Path) -> dict[str, list[Recorded]]:
+    """The run's files in the order they were handed out, each with its tests in order."""
+    lines = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
+    files: dict[str, list[Recorded]] = {}
+    for t in sorted(lines, key=lambda t: t["asked"]):
+        name = t["test"].split("::")[0]
+        test = Recorded(name, t["ended"] - t["got"], t["serial"], t.get("slow", False))
+        files.setdefault(name, []).append(test)
+    return files
+
+
+def replay(files: dict[str, list[Recorded]], order: list[str], workers: int = 2) -> float:
+    """How long the run would take if its files were handed out in `order`, each test lasting
+    what it lasted when recorded: a model of xdist's loadfile (each worker holds its current file
+    and the next) and of the serial lock (a serial test starts once the other workers' current
+    tests end; they start nothing until it ends; a worker keeps the lock for its next serial
+    test). Tests beside each other slow each other down in a real run; the model does not."""
+    queue = list(order)
+    pending: list[list[Recorded]] = [[] for _ in range(workers)]
+    held: list[list[str]] = [[] for _ in range(workers)]
+
+    def take(w: int) -> None:
+        while len(held[w]) < 2 and queue:
+            held[w].append(queue[0])
+            pending[w].extend(files[queue.pop(0)])
+
+    for _ in range(2):
+        for w in range(workers):
+            if len(held[w]) < 2 and queue:
+                held[w].append(queue[0])
+                pending[w].extend(files[queue.pop(0)])
+    ready, busy, keeps = [0.0] * workers, [0.0] * workers, [False] * workers
+    while any(pending):
+        w = min(
+            (w for w in range(workers) if pending[w]),
+            key=lambda w: (ready[w], not (keeps[w] and pending[w][0].serial)),
+        )
+        test = pending[w].pop(0)
+        start = ready[w]
+        if test.serial and not keeps[w]:
+            start = max([start] + [busy[o] for o in range(workers) if o != w])
+        end = start + test.seconds
+        if test.serial:
+            for o in range(workers):
+                if o != w:
+                    ready[o] = max(ready[o], end)
+        keeps[w] = test.serial and bool(pending[w]) and pending[w][0].serial
+        ready[w] = busy[w] = end
+        if held[w] and not any(t.file == held[w][0] for t in pending[w]):
+            held[w].pop(0)
+            take(w)
+    return max(ready)
+
+
+class _Marked:
+    """A stand-in test item for `longest_files_first`, built from a recorded test."""
+
+    def __init__(self, test: Recorded) -> None:
+        self.path = test.file
+        self.test = test
+
+    def get_closest_marker(self, name: str) -> bool | None:
+        return {"slow": self.test.slow, "serial": self.test.serial}.get(name) or None
+
+
+def replays(timeline: Path) -> str:
+    """The recorded run replayed in its own order, in the suite's order, and without serial
+    tests (a bound on what scheduling could still give)."""
+    files = recorded_files(timeline)
+    items = [_Marked(t) for tests in files.values() for t in tests]
+    longest_files_first(items)  # type: ignore[arg-type]
+    suite_order = list(dict.fromkeys(item.path for item in items))
+    unserial = {
+        name: [Recorded(t.file, t.seconds, False, t.slow) for t in tests]
+        for name, tests in files.items()
+    }
+    return (
+        f"replayed: {replay(files, list(files)):.0f} s in the recorded order, "
+        f"{replay(files, suite_order):.0f} s longest files first, "
+        f"{replay(unserial, suite_order):.0f} s with no serial test"
+    )
+
+
+if __name__ == "__main__":  # python -m tests.parallel TIMELINE.jsonl [--replay]
     import sys
 
     print(summary(Path(sys.argv[1])))
+    if "--replay" in sys.argv[2:]:
+        print(replays(Path(sys.argv[1])))

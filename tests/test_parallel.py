@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import Turns, longest_files_first, summary, turn
+from tests.parallel import Recorded, Turns, longest_files_first, replay, replays, summary, turn
 from tests.reruns import RERUN_LINES, FirstFailures
 
 
@@ -150,3 +150,24 @@ def test_why_a_rerun_test_failed_the_first_time_is_printed_at_the_end() -> None:
     quiet = _Terminal()
     FirstFailures().pytest_terminal_summary(quiet)  # type: ignore[arg-type]
     assert quiet.lines == []
+
+
+def test_a_replay_runs_files_side_by_side_and_a_serial_test_alone(tmp_path: Path) -> None:
+    files = {
+        "a.py": [Recorded("a.py", 5.0, True, False)],
+        "b.py": [Recorded("b.py", 10.0, False, False)],
+    }
+    assert replay(files, ["a.py", "b.py"]) == 15.0  # b waits for the serial test
+    unserial = {"a.py": [Recorded("a.py", 5.0, False, False)], "b.py": files["b.py"]}
+    assert replay(unserial, ["a.py", "b.py"]) == 10.0
+    three = {**unserial, "c.py": [Recorded("c.py", 4.0, False, False)]}
+    assert replay(three, ["a.py", "b.py", "c.py"]) == 10.0  # c after a, beside b
+    timeline = tmp_path / "timeline.jsonl"
+    lines = [
+        {"test": "b.py::t", "serial": False, "slow": True, "asked": 0, "got": 0, "ended": 10},
+        {"test": "a.py::t", "serial": True, "slow": False, "asked": 1, "got": 10, "ended": 15},
+    ]
+    timeline.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert replays(timeline) == (
+        "replayed: 15 s in the recorded order, 15 s longest files first, 10 s with no serial test"
+    )
