@@ -5,12 +5,11 @@ built once. Two rules on top, applied by tests/conftest.py:
 
 - Files are handed out longest first, as far as collection can tell: files with `slow` tests
   before the others, within each those with `serial` tests first, then by number of tests,
-  most first. A long file
-  that started last would leave one worker running alone at the end; serial tests taken early
-  wait for the other worker's short tests, not for a long tuning fixture late in the run.
-  Replaying eight recorded whole runs (`FXTUNE_TEST_TIMELINE`) in a model of two workers and
-  the serial lock, this order ended 6 to 51 s sooner than slow files first in collection order
-  (mean 30 s); on the next two runs the model was within 6 s of the real length.
+  most first. A long file that started last would leave one worker running alone at the end;
+  serial tests taken early wait for the other worker's short tests, not for a long tuning
+  fixture late in the run. Replaying eight recorded whole runs (`replay`), this order ended 6
+  to 51 s sooner than slow files first in collection order (mean 30 s); the model came within
+  0 to 36 s of ten runs' real lengths (median 10 s).
 - A test marked `serial` runs with no other test beside it: it asserts a wall-clock limit or a
   speed verdict, which a compile on the other core would make flaky. Every test holds a shared
   lock from its setup to its teardown (so a module fixture built for it is covered); a serial
@@ -174,7 +173,8 @@ class Recorded:
 
 
 def recorded_files(timeline: Path) -> dict[str, list[Recorded]]:
-    """The run's files in the order they were handed out, each with its tests in order."""
+    """The run's files in the order their first tests asked for a turn (near the order xdist
+    handed them out, which it does a file ahead of each worker), each with its tests in order."""
     lines = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
     files: dict[str, list[Recorded]] = {}
     for t in sorted(lines, key=lambda t: t["asked"]):
@@ -195,15 +195,13 @@ def replay(files: dict[str, list[Recorded]], order: list[str], workers: int = 2)
     held: list[list[str]] = [[] for _ in range(workers)]
 
     def take(w: int) -> None:
-        while len(held[w]) < 2 and queue:
+        if len(held[w]) < 2 and queue:
             held[w].append(queue[0])
             pending[w].extend(files[queue.pop(0)])
 
-    for _ in range(2):
+    for _ in range(2):  # at the start: a file for each worker, then its next one
         for w in range(workers):
-            if len(held[w]) < 2 and queue:
-                held[w].append(queue[0])
-                pending[w].extend(files[queue.pop(0)])
+            take(w)
     ready, busy, keeps = [0.0] * workers, [0.0] * workers, [False] * workers
     while any(pending):
         w = min(
@@ -222,7 +220,7 @@ def replay(files: dict[str, list[Recorded]], order: list[str], workers: int = 2)
         keeps[w] = test.serial and bool(pending[w]) and pending[w][0].serial
         ready[w] = busy[w] = end
         if held[w] and not any(t.file == held[w][0] for t in pending[w]):
-            held[w].pop(0)
+            held[w].pop(0)  # its file is done: it is handed the one after its next
             take(w)
     return max(ready)
 
