@@ -72,10 +72,10 @@ class DistributedTuneOptions:
     world_size: int
     backend: str | None = None
     budget_s: float = 10.0
-    min_rounds: int = 8
-    max_rounds: int = 200
+    min_rounds: int = RoundRules.min_rounds
+    max_rounds: int = RoundRules.max_rounds
     epsilon: float = 0.02
-    confidence: float = 0.95
+    confidence: float = RoundRules.confidence
     check_inputs: int = 3
     profile_steps: int = 30
     threads: int | None = 1
