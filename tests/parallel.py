@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,12 +137,16 @@ def lock_folder(config: pytest.Config) -> Path | None:
     return Path(config.option.basetemp).parent
 
 
+def _timeline(timeline: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
+
+
 def summary(timeline: Path) -> str:
     """Per worker: how long its tests ran and the CPU they used (its own and its reaped
     children's: far below the running time, they waited), how long it waited for its turn (a
     serial test beside it, or its own serial test waiting for the others' current tests), and
     the gaps between its tests; then the serial tests' share."""
-    tests = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
+    tests = _timeline(timeline)
     if not tests:
         return "no test in the timeline"
     start, end = min(t["asked"] for t in tests), max(t["ended"] for t in tests)
@@ -175,9 +180,8 @@ class Recorded:
 def recorded_files(timeline: Path) -> dict[str, list[Recorded]]:
     """The run's files in the order their first tests asked for a turn (near the order xdist
     handed them out, which it does a file ahead of each worker), each with its tests in order."""
-    lines = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
     files: dict[str, list[Recorded]] = {}
-    for t in sorted(lines, key=lambda t: t["asked"]):
+    for t in sorted(_timeline(timeline), key=lambda t: t["asked"]):
         name = t["test"].split("::")[0]
         test = Recorded(name, t["ended"] - t["got"], t["serial"], t.get("slow", False))
         files.setdefault(name, []).append(test)
