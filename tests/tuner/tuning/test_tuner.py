@@ -186,7 +186,6 @@ def test_the_peers_are_timed_before_any_site_is_searched(tmp_path: Path) -> None
     assert counts["timed"] + counts["below_noise"] + counts["out_of_budget"] <= counts["distinct"]
 
 
-@pytest.mark.serial
 def test_peers_not_expected_to_fit_are_announced_and_go_last(tmp_path: Path) -> None:
     """With nothing measured on this machine, the prior says torch.compile will not fit in 3 s
     (it expects 2 s and more, and the output check 2 s): the report says so with the budget it
