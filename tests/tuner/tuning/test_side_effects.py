@@ -1,6 +1,7 @@
 """A tuning run leaves the process and the temp directory as it found them.
 
-Profiles are on: the profile of an inductor result builds (and must remove) a twin package.
+Profiles are on: the profile of an inductor result builds (and must remove) a twin package; a
+compile the budget stops is killed mid-way (and must leave nothing either).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from typer.testing import CliRunner
 
 from fxtune_cli import app
 from tests.tuner.tuning_fixtures import SplitNormTanh
+from tuner.backends.compile_time import CompileTimes
+from tuner.contract.device import Device
 from tuner.graph.capture import export_module, save_program
+from tuner.host.hardware import describe, hardware_key
+from tuner.measure.timing import fixed_threads
 from tuner.tuning.tuner import TuneOptions, tune_program
 
 
@@ -72,8 +77,15 @@ def test_tune_leaves_no_temp_files_and_restores_threads(
     threads = torch.get_num_threads()
     other = 1 if threads > 1 else 2
     before = sorted(p.name for p in private.iterdir())
-    budget_s = 15 if backend == "eager" else 30  # time to compile in a child on a busy machine
-    args = _tune_args(model, tmp_path / "out", tmp_path / "c.json", backend, other, budget_s)
+    cache = tmp_path / "c.json"
+    if backend == "inductor":
+        # A cold compile in a fresh temp folder takes over 20 s here (precompiled headers and
+        # the compiler's probes first): a history saying it is quick starts it at once, and the
+        # budget stops it mid-way, the case that could leave files behind.
+        with fixed_threads(other):
+            key = hardware_key(describe(Device.parse("cpu")))
+        CompileTimes.for_cache(cache).record(key, "inductor", nodes=10**5, seconds=1.0)
+    args = _tune_args(model, tmp_path / "out", cache, backend, other, budget_s=10)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert _left_behind(private, before) == []
