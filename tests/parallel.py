@@ -10,8 +10,10 @@ built once. Two rules on top, applied by tests/conftest.py:
   fixture late in the run. Replaying eight recorded whole runs (`replay`), this order ended 6
   to 51 s sooner than slow files first in collection order (mean 30 s); the model came within
   0 to 36 s of ten runs' real lengths (median 10 s).
-- A test marked `serial` runs with no other test beside it: it asserts a wall-clock limit or a
-  speed verdict, which a compile on the other core would make flaky. Every test holds a shared
+- A test marked `serial` runs with no other test beside it: it asserts a speed verdict or a
+  tight wall-clock limit (a timeout of a second), which a compile on the other core would make
+  flaky. A tuning budget, which must hold with other work on the cores, is asserted beside the
+  other tests (tests/tuner/tuning/test_budget.py). Every test holds a shared
   lock from its setup to its teardown (so a module fixture built for it is covered); a serial
   test holds it exclusively. A turnstile taken before the shared lock keeps a waiting serial
   test from being starved by the other workers' stream of tests. A worker keeps the exclusive
