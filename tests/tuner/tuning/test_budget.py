@@ -189,9 +189,10 @@ def test_a_tight_budget_stops_the_compile_and_ends_in_time(
 
 @pytest.mark.slow
 def test_fxtune_tune_with_a_30_s_budget_ends_within_the_margin(tmp_path: Path) -> None:
-    """On the example with the most sites, both peers compiled. The budget on real models,
-    quiet and beside other work, is `make bench-zoo`'s (twelve models, wall times in its table):
-    the cnn and transformer examples here added 47 s to the suite."""
+    """On the example with the most sites, both peers to build (the budget stops a compile that
+    does not fit). The budget on real models, quiet and beside other work, is `make
+    bench-zoo`'s (twelve models, wall times in its table): the cnn and transformer examples here
+    added 47 s to the suite."""
     model = build("recsys", tmp_path)
     out = tmp_path / "out"
     args = ["tune", str(model), "--out", str(out / "t.pt2"), "--report", str(out / "r.json")]
