@@ -7,13 +7,18 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from torch import fx, nn
 
+from tuner.backends.compile_time import CompileTimes
+from tuner.contract.device import Device
 from tuner.graph.capture import export_module
 from tuner.graph.nodes import aten, is_call
 from tuner.graph.sites import Site, make_site
+from tuner.host.hardware import describe, hardware_key
+from tuner.measure.timing import fixed_threads
 from tuner.passes import REGISTRY
 from tuner.passes.base import GraphPass
 
@@ -265,3 +270,14 @@ def busy_cores(seconds: float = 60.0, own_sessions: bool = False) -> Iterator[in
         for p in spinners:
             p.kill()
             p.join()
+
+
+def record_compile(
+    cache: Path, backend: str, nodes: int, seconds: float, threads: int | None = None
+) -> Path:
+    """`cache` (a decision cache) with one compile in this machine's compile history, under the
+    hardware key of a run on `threads` (None: torch's default), so the run plans from it."""
+    with fixed_threads(threads):
+        key = hardware_key(describe(Device.parse("cpu")))
+    CompileTimes.for_cache(cache).record(key, backend, nodes=nodes, seconds=seconds)
+    return cache

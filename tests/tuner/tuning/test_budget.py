@@ -20,13 +20,16 @@ from typer.testing import CliRunner
 from examples.build import build
 from examples.models import recsys
 from fxtune_cli import app
-from tests.tuner.tuning_fixtures import SplitNormTanh, WrongRelu, busy_cores, registered
+from tests.tuner.tuning_fixtures import (
+    SplitNormTanh,
+    WrongRelu,
+    busy_cores,
+    record_compile,
+    registered,
+)
 from tuner.backends.compile_time import CompileTimes
 from tuner.backends.isolation import CompileOverrun, compile_aoti_in_child
-from tuner.contract.device import Device
 from tuner.graph.capture import export_module
-from tuner.host.hardware import describe, hardware_key
-from tuner.measure.timing import fixed_threads
 from tuner.tuning.bucketing import DISPATCH_EXPORT, DispatchCost
 from tuner.tuning.tuner import TuneOptions, tune_program
 
@@ -145,10 +148,8 @@ def test_an_overrunning_child_compile_is_stopped(tmp_path: Path) -> None:
 
 def test_a_compile_estimated_not_to_fit_is_skipped(tmp_path: Path) -> None:
     cache = tmp_path / "decisions.json"
-    with fixed_threads(None):
-        key = hardware_key(describe(Device.parse("cpu")))
     for backend in ("inductor", "compile"):
-        CompileTimes.for_cache(cache).record(key, backend, nodes=1, seconds=1000.0)
+        record_compile(cache, backend, nodes=1, seconds=1000.0)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(budget_s=20, backends=["inductor", "compile"], cache_path=cache)
     outcome = tune_program(program, options)
@@ -168,9 +169,7 @@ def test_a_tight_budget_stops_the_compile_and_ends_in_time(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
     example = recsys()
     program = export_module(example.module, example.example_inputs)
-    with fixed_threads(None):
-        key = hardware_key(describe(Device.parse("cpu")))
-    CompileTimes.for_cache(tmp_path / "c.json").record(key, "inductor", nodes=10**5, seconds=1.0)
+    record_compile(tmp_path / "c.json", "inductor", nodes=10**5, seconds=1.0)
     options = TuneOptions(
         budget_s=10,
         backends=["inductor"],

@@ -17,12 +17,8 @@ import torch
 from typer.testing import CliRunner
 
 from fxtune_cli import app
-from tests.tuner.tuning_fixtures import SplitNormTanh
-from tuner.backends.compile_time import CompileTimes
-from tuner.contract.device import Device
+from tests.tuner.tuning_fixtures import SplitNormTanh, record_compile
 from tuner.graph.capture import export_module, save_program
-from tuner.host.hardware import describe, hardware_key
-from tuner.measure.timing import fixed_threads
 from tuner.tuning.tuner import TuneOptions, tune_program
 
 
@@ -84,9 +80,7 @@ def test_tune_leaves_no_temp_files_and_restores_threads(
         # A cold compile in a fresh temp folder takes over 20 s here (precompiled headers and
         # the compiler's probes first): a history saying it is quick starts it at once, and the
         # budget stops it mid-way, the case that could leave files behind.
-        with fixed_threads(other):
-            key = hardware_key(describe(Device.parse("cpu")))
-        CompileTimes.for_cache(cache).record(key, "inductor", nodes=10**5, seconds=1.0)
+        record_compile(cache, "inductor", nodes=10**5, seconds=1.0, threads=other)
     args = _tune_args(model, tmp_path / "out", cache, backend, other, budget_s=10)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

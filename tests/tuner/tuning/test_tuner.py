@@ -13,13 +13,16 @@ from torch.export import ExportedProgram
 from typer.testing import CliRunner
 
 from fxtune_cli import app
-from tests.tuner.tuning_fixtures import ReluNet, SlowRelu, SplitNormTanh, registered
-from tuner.backends.compile_time import CompileTimes
+from tests.tuner.tuning_fixtures import (
+    ReluNet,
+    SlowRelu,
+    SplitNormTanh,
+    record_compile,
+    registered,
+)
 from tuner.contract.config import TunedConfig
-from tuner.contract.device import Device
 from tuner.deploy.replay import apply_config
 from tuner.graph.capture import export_module, save_program
-from tuner.host.hardware import describe, hardware_key
 from tuner.host.load import CoreLoad
 from tuner.measure.timing import fixed_threads
 from tuner.tuning.tuner import TuneOptions, tune_program
@@ -205,22 +208,13 @@ def test_peers_not_expected_to_fit_are_announced_and_go_last(tmp_path: Path) -> 
     assert peer.verdict == "not measured" and peer.rounds == 0  # never started
 
 
-def _compile_history(tmp_path: Path, backend: str, nodes: int, seconds: float) -> Path:
-    """A decision cache whose compile history on this machine holds one compile."""
-    cache = tmp_path / "decisions.json"
-    with fixed_threads(None):
-        key = hardware_key(describe(Device.parse("cpu")))
-    CompileTimes.for_cache(cache).record(key, backend, nodes=nodes, seconds=seconds)
-    return cache
-
-
 @pytest.mark.serial
 def test_a_peer_expected_not_to_fit_goes_after_the_passes_and_the_others_first(
     tmp_path: Path,
 ) -> None:
     """torch.compile is expected to fit and goes first; AOTInductor, which this machine's
     history says needs 1000 s, waits until after the search instead of holding it up."""
-    cache = _compile_history(tmp_path, "inductor", nodes=10, seconds=1000.0)
+    cache = record_compile(tmp_path / "decisions.json", "inductor", nodes=10, seconds=1000.0)
     said: list[str] = []
     program = _program(SplitNormTanh(n=4), torch.randn(16, 4 * 16))
     options = TuneOptions(
@@ -252,7 +246,8 @@ def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
     candidate is built and timed before the site search, after every pass in eager (no
     compile), and the report says why. The figures leave room for a slow start: at 13 s and a
     4 s history, a loaded machine's start and eager timing left too little for the compile."""
-    cache = _compile_history(tmp_path, "compile", nodes=12, seconds=12.0)  # 87 nodes: 32 s
+    # 87 nodes: 32 s
+    cache = record_compile(tmp_path / "decisions.json", "compile", nodes=12, seconds=12.0)
     said: list[str] = []
     program = _program(SplitNormTanh(n=16), torch.randn(16, 16 * 16))
     options = TuneOptions(
