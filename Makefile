@@ -27,14 +27,24 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# `make test` runs the whole suite, as CI does (.ci/run). `make test-quick` leaves out the tests
-# marked `slow` (real third-party models, services and tuning runs end to end, the installed
-# wheel): the loop to run while working, in about half the time.
+# `make test` runs the whole suite, as CI does (.ci/run), in two runs: every test but the
+# `serial` ones on the xdist workers (tests/conftest.py says how many), then the serial ones (a
+# speed verdict or a tight time limit) on one worker, with nothing beside them, on the caches the
+# first run warmed. Both runs go on when the other fails; a failure in either fails the target.
+# `make test-quick` leaves out the tests marked `slow` (real third-party models, services and
+# tuning runs end to end, the installed wheel): the loop to run while working.
+PYTEST := $(VENV)/bin/pytest -q
 test: venv lint bytecode
-	$(VENV)/bin/pytest -q
+	status=0; \
+	$(PYTEST) -m "not serial" || status=$$?; \
+	$(PYTEST) -n 1 -m serial || status=$$?; \
+	exit $$status
 
 test-quick: venv lint bytecode
-	$(VENV)/bin/pytest -q -m "not slow"
+	status=0; \
+	$(PYTEST) -m "not slow and not serial" || status=$$?; \
+	$(PYTEST) -n 1 -m "serial and not slow" || status=$$?; \
+	exit $$status
 
 # Bytecode first: where PYTHONDONTWRITEBYTECODE=1 (CI containers set it) every Python the suite
 # starts, a few hundred of them, would compile fxtune's modules from source again.

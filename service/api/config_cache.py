@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +35,12 @@ class CachedConfig:
 
 
 class ConfigCache:
-    def __init__(self, ttl_s: float, max_entries: int = 4096) -> None:
+    def __init__(
+        self, ttl_s: float, max_entries: int = 4096, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
+        self._clock = clock
         self._entries: OrderedDict[tuple[Scope, str | None], CachedConfig] = OrderedDict()
         self._generations: dict[Scope, int] = {}
         self._lock = threading.Lock()
@@ -48,7 +52,7 @@ class ConfigCache:
 
     def get(self, scope: Scope, hardware: str | None) -> CachedConfig | None:
         entry = self._entries.get((scope, hardware))
-        if entry is None or entry.expires < time.monotonic():
+        if entry is None or entry.expires < self._clock():
             return None
         return entry
 
@@ -61,7 +65,7 @@ class ConfigCache:
         etag: str,
         hardware_key: str,
     ) -> CachedConfig:
-        entry = CachedConfig(encode(config), etag, hardware_key, time.monotonic() + self.ttl_s)
+        entry = CachedConfig(encode(config), etag, hardware_key, self._clock() + self.ttl_s)
         if self.ttl_s <= 0:
             return entry
         with self._lock:
