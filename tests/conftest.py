@@ -164,6 +164,14 @@ def run_local_decision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield path
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto`: one worker more than the cores this process may use (tests/parallel.py says
+    why); PYTEST_XDIST_AUTO_NUM_WORKERS, xdist's own override, still wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return parallel.workers_for(len(os.sched_getaffinity(0)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files are handed out longest first (tests/parallel.py). Tests marked `cuda` skip where torch
     sees no CUDA device (`pytest -m cuda` selects them on a GPU machine, and `make gpu-check`

@@ -43,6 +43,12 @@ from typing import Any
 import pytest
 
 
+def workers_for(cores: int) -> int:
+    """One worker more than cores: a third of a test's time, summed over the suite, is spent
+    waiting on a service, a child or a sleep, which the extra worker fills."""
+    return cores + 1
+
+
 def longest_files_first(items: list[pytest.Item]) -> None:
     """Reorder in place by file: those with a `slow` test first; within each group those with a
     `serial` test first, then by number of tests (most first); a file's tests keep their order."""
