@@ -172,10 +172,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return parallel.workers_for(len(os.sched_getaffinity(0)))
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`make test`'s serial run imports only the test files that name the mark."""
+    if config.option.markexpr not in parallel.SERIAL_RUNS:
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return not parallel.names_serial_mark(collection_path) or None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files are handed out longest first (tests/parallel.py). Tests marked `cuda` skip where torch
     sees no CUDA device (`pytest -m cuda` selects them on a GPU machine, and `make gpu-check`
     runs them there)."""
+    parallel.check_serial_marks(items)
     parallel.longest_files_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:

@@ -1,24 +1,31 @@
 """How the suite shares a machine between pytest-xdist workers (`-n auto --dist loadfile`).
 
 Each file runs on one worker, so a module's fixtures (compiled packages, tuned outcomes) are
-built once. Two rules on top, applied by tests/conftest.py:
+built once. `-n auto` starts one worker more than the cores (`workers_for`): summed over a run,
+a third of the tests' time is spent waiting on a service, a child or a sleep, and with a worker
+per core the 2 cores were idle 17 % of the run; with one more, 3 %. Rules on top, applied by
+tests/conftest.py:
 
 - Files are handed out longest first, as far as collection can tell: files with `slow` tests
   before the others, within each those with `serial` tests first, then by number of tests,
-  most first. A long file that started last would leave one worker running alone at the end;
-  serial tests taken early wait for the other worker's short tests, not for a long tuning
-  fixture late in the run. Replaying eight recorded whole runs (`replay`), this order ended 6
-  to 51 s sooner than slow files first in collection order (mean 30 s); the model came within
-  0 to 36 s of ten runs' real lengths (median 10 s).
+  most first. A long file that started last would leave one worker running alone at the end.
+  Replaying eight recorded whole runs (`replay`), this order ended 6 to 51 s sooner than slow
+  files first in collection order (mean 30 s); the model came within 0 to 36 s of ten runs'
+  real lengths (median 10 s).
 - A test marked `serial` runs with no other test beside it: it asserts a speed verdict or a
-  tight wall-clock limit (a timeout of a second), which a compile on the other core would make
+  tight wall-clock limit (a timeout of a second), which a compile on another core would make
   flaky. A tuning budget, which must hold with other work on the cores, is asserted beside the
-  other tests (tests/tuner/tuning/test_budget.py). Every test holds a shared
-  lock from its setup to its teardown (so a module fixture built for it is covered); a serial
-  test holds it exclusively. A turnstile taken before the shared lock keeps a waiting serial
-  test from being starved by the other workers' stream of tests. A worker keeps the exclusive
-  lock from one serial test to the next when they follow each other in its queue: the others
-  wait once for the run, not once per test (each wait lasts until their current test ends).
+  other tests (tests/tuner/tuning/test_budget.py). `make test` runs the serial tests in a run of
+  their own after the others (`-m "not serial"`, then `-n 1 -m serial`): in one run, a serial
+  test waited for the other workers' current tests to end (up to 33 s, with an end-to-end test
+  among them) while they started nothing new. That run imports only the files that name the
+  mark (`names_serial_mark`; `check_serial_marks` fails a run where a serial test's file does
+  not). Within one run, as plain `pytest` runs them: every test holds a shared lock from its
+  setup to its teardown (so a module fixture built for it is covered); a serial test holds it
+  exclusively. A turnstile taken before the shared lock keeps a waiting serial test from being
+  starved by the other workers' stream of tests. A worker keeps the exclusive lock from one
+  serial test to the next when they follow each other in its queue: the others wait once for
+  the run, not once per test (each wait lasts until their current test ends).
 
 `FXTUNE_TEST_TIMELINE=FILE` appends one JSON line per test (worker, test, serial, slow, when it
 asked for its turn, got it and ended): where the suite's wall time goes, and how long workers
@@ -47,6 +54,31 @@ def workers_for(cores: int) -> int:
     """One worker more than cores: a third of a test's time, summed over the suite, is spent
     waiting on a service, a child or a sleep, which the extra worker fills."""
     return cores + 1
+
+
+SERIAL_RUNS = ("serial", "serial and not slow")  # the Makefile's second runs' `-m`
+SERIAL_MARK = "mark.serial"
+
+
+def names_serial_mark(path: Path) -> bool:
+    """Whether a test file says `mark.serial`: one that does not holds no serial test (every
+    serial test is marked in its own file; `check_serial_marks` fails the run otherwise), so
+    the serial run need not import it (12 of the suite's files: a collection of 6 s, not 12)."""
+    return SERIAL_MARK in path.read_text(encoding="utf-8")
+
+
+def check_serial_marks(items: list[pytest.Item]) -> None:
+    """Fail the run when a serial test's file does not say `mark.serial` (a mark applied from
+    elsewhere): the serial run would not collect it, and the other run leaves it out."""
+    hidden = sorted(
+        {
+            str(i.path)
+            for i in items
+            if i.get_closest_marker("serial") and not names_serial_mark(i.path)
+        }
+    )
+    if hidden:
+        raise pytest.UsageError(f"serial tests marked outside their files: {hidden}")
 
 
 def longest_files_first(items: list[pytest.Item]) -> None:
