@@ -11,7 +11,18 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import Recorded, Turns, longest_files_first, replay, replays, summary, turn
+from tests.parallel import (
+    Recorded,
+    Turns,
+    check_serial_marks,
+    longest_files_first,
+    names_serial_mark,
+    replay,
+    replays,
+    summary,
+    turn,
+    workers_for,
+)
 from tests.reruns import RERUN_LINES, FirstFailures
 
 
@@ -104,6 +115,20 @@ def test_files_are_handed_out_slow_then_serial_then_by_their_number_of_tests() -
         ("c.py", []),
         ("a.py", []),
     ]
+
+
+def test_the_serial_run_skips_files_that_do_not_name_the_mark(tmp_path: Path) -> None:
+    marked, plain = tmp_path / "test_marked.py", tmp_path / "test_plain.py"
+    marked.write_text("import pytest\n\n@pytest.mark.serial\ndef test_x(): pass\n")
+    plain.write_text("def test_serial_in_name_only(): pass\n")
+    assert names_serial_mark(marked) and not names_serial_mark(plain)
+    check_serial_marks([_Item(marked, {"serial"}), _Item(plain)])  # type: ignore[list-item]
+    with pytest.raises(pytest.UsageError, match=r"test_plain\.py"):  # marked from elsewhere
+        check_serial_marks([_Item(plain, {"serial"})])  # type: ignore[list-item]
+
+
+def test_auto_starts_one_worker_more_than_the_cores() -> None:
+    assert [workers_for(cores) for cores in (1, 2, 16)] == [2, 3, 17]
 
 
 @pytest.mark.serial
