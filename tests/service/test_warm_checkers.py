@@ -190,8 +190,10 @@ def test_two_checks_at_once_each_get_their_own_child(warm: ProgramAnalysis, tmp_
     for t in threads:
         t.join(120)
     assert answers == {"left": "left", "right": "right"}
+    # One took the warm child, the other its replacement or a cold one; either may end first
+    # (on loaded cores a cold check ended before the warm one once).
     first, second = list(warm.recent)[-2:]
-    assert first.warm and first.pid != second.pid  # the second: the replacement, or a cold one
+    assert (first.warm or second.warm) and first.pid != second.pid
 
 
 @pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot run on this machine")
