@@ -3,8 +3,8 @@
 Each file runs on one worker, so a module's fixtures (compiled packages, tuned outcomes) are
 built once. `-n auto` starts one worker more than the cores (`workers_for`): summed over a run,
 a third of the tests' time is spent waiting on a service, a child or a sleep, and with a worker
-per core the 2 cores were idle 17 % of the run; with one more, 3 %. Rules on top, applied by
-tests/conftest.py:
+per core the 2 cores were idle 17 % of the run; with one more, 6 % (most of it in the serial
+run, below, which leaves one core idle). Rules on top, applied by tests/conftest.py:
 
 - Files are handed out longest first, as far as collection can tell: files with `slow` tests
   before the others, within each those with `serial` tests first, then by number of tests,
@@ -63,7 +63,8 @@ SERIAL_MARK = "mark.serial"
 def names_serial_mark(path: Path) -> bool:
     """Whether a test file says `mark.serial`: one that does not holds no serial test (every
     serial test is marked in its own file; `check_serial_marks` fails the run otherwise), so
-    the serial run need not import it (12 of the suite's files: a collection of 6 s, not 12)."""
+    the serial run need not import it (12 of the suite's files: a collection of 5 s of CPU,
+    not 12)."""
     return SERIAL_MARK in path.read_text(encoding="utf-8")
 
 
