@@ -63,7 +63,7 @@ SERIAL_MARK = "mark.serial"
 def names_serial_mark(path: Path) -> bool:
     """Whether a test file says `mark.serial`: one that does not holds no serial test (every
     serial test is marked in its own file; `check_serial_marks` fails the run otherwise), so
-    the serial run need not import it (12 of the suite's files: a collection of 5 s of CPU,
+    the serial run need not import it (13 of the suite's files: a collection of 5 s of CPU,
     not 12)."""
     return SERIAL_MARK in path.read_text(encoding="utf-8")
 
