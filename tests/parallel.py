@@ -71,13 +71,8 @@ def names_serial_mark(path: Path) -> bool:
 def check_serial_marks(items: list[pytest.Item]) -> None:
     """Fail the run when a serial test's file does not say `mark.serial` (a mark applied from
     elsewhere): the serial run would not collect it, and the other run leaves it out."""
-    hidden = sorted(
-        {
-            str(i.path)
-            for i in items
-            if i.get_closest_marker("serial") and not names_serial_mark(i.path)
-        }
-    )
+    files = {i.path for i in items if i.get_closest_marker("serial")}
+    hidden = sorted(str(path) for path in files if not names_serial_mark(path))
     if hidden:
         raise pytest.UsageError(f"serial tests marked outside their files: {hidden}")
 
