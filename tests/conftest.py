@@ -17,12 +17,13 @@ on 2 cores they cost the suite minutes. Checks run in a cold child instead, the 
 tests of the warm pool ask for one (tests/service/test_warm_*.py), and the services the
 end-to-end tests start as subprocesses keep the shipped default (`fxtune_env` drops FXTUNE_*).
 
-Comparisons that name no stopping rule stop at a 10 % interval or 30 rounds, not at 2 % or
+Comparisons that name no stopping rule stop at a 15 % interval or 20 rounds, not at 2 % or
 200 (`tuner.measure.timing.StopSettings`, tests/run_settings.py), in this process and in the
 services and workers the tests start: tests/tuner/tuning, search and backends took 496 s of CPU
 with the shipped rule, 365 s at 5 % and 60 rounds, and 249 s of wall time at 5 % and 60 against
-217 s at 10 % and 30 (2 workers). The tests of the round loop name their rules; `make bench`
-times with the shipped ones.
+217 s at 10 % and 30 (2 workers); with 3 workers, 311 s of CPU at 10 % and 30 against 285 s at
+15 % and 20 (164 and 148 s of wall time). The tests of the round loop name their rules; `make
+bench` times with the shipped ones.
 """
 
 from __future__ import annotations
@@ -201,10 +202,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under xdist, a `serial` test runs with no other test beside it (tests/parallel.py)."""
+    """A `serial` test runs with no other test beside it (tests/parallel.py)."""
     turns = _turns(item.config)
-    if turns is None:
-        return (yield)
     serial = item.get_closest_marker("serial") is not None
     next_serial = nextitem is not None and nextitem.get_closest_marker("serial") is not None
     slow = item.get_closest_marker("slow") is not None
@@ -216,18 +215,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(FirstFailures(), "fxtune-first-failures")  # tests/reruns.py
 
 
-_TURNS = pytest.StashKey[parallel.Turns | None]()
-
-
-def _turns(config: pytest.Config) -> parallel.Turns | None:
-    """This worker's turns (None outside xdist), made on first use."""
-    if _TURNS not in config.stash:
-        folder = parallel.lock_folder(config)
+def _turns(config: pytest.Config) -> parallel.Turns:
+    """This process's turns, made on first use."""
+    if parallel.TURNS not in config.stash:
         timeline = os.environ.get("FXTUNE_TEST_TIMELINE")
-        config.stash[_TURNS] = (
-            None if folder is None else parallel.Turns(folder, Path(timeline) if timeline else None)
-        )
-    return config.stash[_TURNS]
+        folder = parallel.lock_folder(config)
+        config.stash[parallel.TURNS] = parallel.Turns(folder, Path(timeline) if timeline else None)
+    return config.stash[parallel.TURNS]
 
 
 @pytest.fixture(scope="session")

@@ -16,16 +16,17 @@ run, below, which leaves one core idle). Rules on top, applied by tests/conftest
   tight wall-clock limit (a timeout of a second), which a compile on another core would make
   flaky. A tuning budget, which must hold with other work on the cores, is asserted beside the
   other tests (tests/tuner/tuning/test_budget.py). `make test` runs the serial tests in a run of
-  their own after the others (`-m "not serial"`, then `-n 1 -m serial`): in one run, a serial
-  test waited for the other workers' current tests to end (up to 33 s, with an end-to-end test
-  among them) while they started nothing new. That run imports only the files that name the
-  mark (`names_serial_mark`; `check_serial_marks` fails a run where a serial test's file does
-  not). Within one run, as plain `pytest` runs them: every test holds a shared lock from its
-  setup to its teardown (so a module fixture built for it is covered); a serial test holds it
-  exclusively. A turnstile taken before the shared lock keeps a waiting serial test from being
-  starved by the other workers' stream of tests. A worker keeps the exclusive lock from one
-  serial test to the next when they follow each other in its queue: the others wait once for
-  the run, not once per test (each wait lasts until their current test ends).
+  their own after the others (`-m "not serial"`, then `-n 0 -m serial`: one process, no
+  worker to start): in one run, a serial test waited for the other workers' current tests to
+  end (up to 33 s, with an end-to-end test among them) while they started nothing new. That
+  run imports only the files that name the mark (`names_serial_mark`; `check_serial_marks`
+  fails a run where a serial test's file does not). Within one run, as plain `pytest` runs them:
+  every test holds a shared lock from its setup to its teardown (so a module fixture built for it
+  is covered); a serial test holds it exclusively. A turnstile taken before the shared lock keeps
+  a waiting serial test from being starved by the other workers' stream of tests. A worker keeps
+  the exclusive lock from one serial test to the next when they follow each other in its queue:
+  the others wait once for the run, not once per test (each wait lasts until their current test
+  ends).
 
 `FXTUNE_TEST_TIMELINE=FILE` appends one JSON line per test (worker, test, serial, slow, when it
 asked for its turn, got it and ended): where the suite's wall time goes, and how long workers
@@ -41,6 +42,8 @@ import itertools
 import json
 import os
 import resource
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -165,12 +168,18 @@ class Turns:
                 f.write(json.dumps(line) + "\n")
 
 
-def lock_folder(config: pytest.Config) -> Path | None:
+TURNS = pytest.StashKey[Turns]()  # this process's, in `config.stash` (tests/conftest.py)
+
+
+def lock_folder(config: pytest.Config) -> Path:
     """The controller's temp folder, which every worker's own temp folder is inside (xdist
-    gives each worker `--basetemp <controller's>/popen-gwN`); None outside xdist."""
-    if not hasattr(config, "workerinput"):
-        return None
-    return Path(config.option.basetemp).parent
+    gives each worker `--basetemp <controller's>/popen-gwN`); outside xdist (`make test`'s serial
+    run, `-n 0`), a folder of this run's own, removed when it ends."""
+    if hasattr(config, "workerinput"):
+        return Path(config.option.basetemp).parent
+    folder = Path(tempfile.mkdtemp(prefix="fxtune-turns-"))
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder
 
 
 def _timeline(timeline: Path) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.parallel import (
+    TURNS,
     Recorded,
     Turns,
     check_serial_marks,
@@ -132,13 +133,10 @@ def test_auto_starts_one_worker_more_than_the_cores() -> None:
 
 
 @pytest.mark.serial
-def test_a_serial_test_runs_alone_under_xdist(request: pytest.FixtureRequest) -> None:
-    """Through the hook (tests/conftest.py): the lock is held while this test runs."""
-    from tests.parallel import lock_folder
-
-    folder = lock_folder(request.config)
-    if folder is None:
-        pytest.skip("not under xdist: nothing runs beside this test anyway")
+def test_a_serial_test_holds_the_run_s_lock(request: pytest.FixtureRequest) -> None:
+    """Through the hook (tests/conftest.py): the lock is held while this test runs, under xdist
+    or in one process (`make test`'s serial run)."""
+    folder = request.config.stash[TURNS].folder
     other, leave = _start(folder, serial=False)
     assert not other.wait(0.5)
     leave.set()

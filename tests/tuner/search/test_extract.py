@@ -147,18 +147,27 @@ def test_rejects_bad_requests() -> None:
         extract_site(gm, ["x"], {})
 
 
-def _sites_by_pass() -> list[tuple[str, int]]:
-    gm, _ = _zoo()
-    found = [(name, len(get_pass(name).find_sites(gm))) for name in pass_names()]
-    return [(name, i) for name, count in found for i in range(count)]
+# The zoo has no collectives: this pass's sites need a process group (tests/tuner/distributed).
+NEEDS_COLLECTIVES = {"overlap_comm_compute"}
 
 
 def test_zoo_triggers_the_reference_pass() -> None:
-    assert ("remove_dropout", 0) in _sites_by_pass()
+    gm, _ = _zoo()
+    assert get_pass("remove_dropout").find_sites(gm)
 
 
-@pytest.mark.parametrize(("pass_name", "index"), _sites_by_pass())
-def test_pass_finds_the_same_site_in_the_extracted_module(pass_name: str, index: int) -> None:
+# By pass name, not by site: finding the sites exports the zoo, which collection should not do
+# (every xdist worker collects every file).
+@pytest.mark.parametrize("pass_name", [n for n in pass_names() if n not in NEEDS_COLLECTIVES])
+def test_pass_finds_the_same_site_in_the_extracted_module(pass_name: str) -> None:
+    gm, _ = _zoo()
+    sites = get_pass(pass_name).find_sites(gm)
+    assert sites, f"the zoo has no {pass_name} site"
+    for index in range(len(sites)):
+        _check_extracted_site(pass_name, index)
+
+
+def _check_extracted_site(pass_name: str, index: int) -> None:
     gm, inputs = _zoo()
     graph_pass = get_pass(pass_name)
     site = graph_pass.find_sites(gm)[index]
