@@ -269,8 +269,8 @@ MAX_ROUNDS_ENV = "FXTUNE_TIMING_MAX_ROUNDS"
 class StopSettings:
     """When a comparison that names neither stops sampling, in this process: once its
     interval is within `target_rel_ci` of the estimate, or at `max_rounds`. Wider and fewer
-    tune sooner and tell fewer small differences from noise; the test suite runs with 10 % and
-    30 (tests/run_settings.py), `make bench` and users with `RoundRules`' defaults."""
+    tune sooner and tell fewer small differences from noise; the test suite runs with 15 % and
+    20 (tests/run_settings.py), `make bench` and users with `RoundRules`' defaults."""
 
     target_rel_ci: float = RoundRules.target_rel_ci
     max_rounds: int = RoundRules.max_rounds
