@@ -1,6 +1,9 @@
 """SIGTERM ends `fxtune serve --embedded-worker` and `python -m examples.demo --keep-serving`
-together with every process they started (the service, its worker, a running tuning child, its
-warm checkers): nothing is left behind as an orphan. Nor after SIGKILL, for the warm checkers."""
+together with every process they started (the service, its worker, a running tuning child):
+nothing is left behind as an orphan. Warm checkers have a test of their own, after SIGTERM and
+SIGKILL (`test_no_warm_checker_outlives_fxtune_serve`); the other services here start none
+(`FXTUNE_WARM_CHECKERS=0`): each would be a sandboxed child importing torch, about 2.7 s of CPU,
+and a check takes one and starts its replacement."""
 
 from __future__ import annotations
 
@@ -80,6 +83,7 @@ def test_sigterm_ends_fxtune_serve_and_its_worker_and_tuning_child(tmp_path: Pat
         FXTUNE_WORKER_DECISION_CACHE=str(tmp_path / "cache" / "decisions.json"),
         FXTUNE_WORKER_POLL_S="0.2",
         FXTUNE_WORKER_SCRATCH_DIR=str(tmp_path / "scratch"),
+        FXTUNE_WARM_CHECKERS="0",
         FAKE_TUNE="sleep",
     )
     cmd = [sys.executable, "-m", "fxtune_cli", "serve", "--port", str(port), "--embedded-worker"]
@@ -109,8 +113,6 @@ def test_a_worker_that_cannot_start_stops_the_service_with_its_code(tmp_path: Pa
     on serving: the upload's job stayed queued until the client gave up. A worker without its
     device (XLA here, where torch_xla is not installed) must stop the service, with its code."""
     port = free_port()
-    # No upload here: a warm checker (a sandboxed child importing torch) would be started only
-    # to be killed when the worker's exit stops the service.
     env = fxtune_env(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_WORKER_SANDBOX=SANDBOX,
@@ -129,6 +131,7 @@ def test_sigterm_ends_the_demo_and_the_service_it_keeps_serving(tmp_path: Path) 
     env = fxtune_env(
         FXTUNE_WORKER_SANDBOX=SANDBOX,
         FXTUNE_WORKER_DECISION_CACHE=str(tmp_path / "cache" / "decisions.json"),
+        FXTUNE_WARM_CHECKERS="0",  # the demo's service inherits it
         TMPDIR=str(tmp_path),
     )
     cmd = [sys.executable, "-m", "examples.demo", "--keep-serving", "--budget-s", "5"]

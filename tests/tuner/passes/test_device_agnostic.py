@@ -87,9 +87,6 @@ def test_devices_baked_in_at_export_are_moved() -> None:
     assert not off_device(to_graph_module(moved))
 
 
-transformers = pytest.importorskip("transformers")
-
-
 def bert_with_mask() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     model, make_inputs = bert("sdpa")
     return model, make_inputs(torch.Generator().manual_seed(0))

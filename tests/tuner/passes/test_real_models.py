@@ -12,8 +12,6 @@ from torch import nn
 from tests.passes_helpers import InputMaker, apply_every_pass, assert_round_trip, fired
 from tests.tuner.real_models import bert, mobilenet_v2, resnet
 
-transformers = pytest.importorskip("transformers")
-
 
 @dataclass(frozen=True)
 class RealModel:

@@ -64,7 +64,6 @@ def _client(program: Any, outcome: Any, url: str, fake: FakeService, cache: Path
 
 # ------------------------------------------------------------------------------------- BERT
 
-transformers = pytest.importorskip("transformers")
 PAIRS = [(2, 8), (4, 16), (8, 32)]  # (batch, seq); (4, 16) is the export's example
 
 
