@@ -2,7 +2,9 @@
 
 Every answer must be documented for its route (status, content type, body and headers), and no
 request may produce a 5xx. The service runs without a token on loopback (so every route, worker
-routes included, is reachable) with one tuned model, so lookups also find something.
+routes included, is reachable) with one tuned model, so lookups also find something. Its checks
+run in the test's process (tests/service/in_process_checks.py): the subject is the API, and the
+seed's upload and result would each cost a sandboxed child importing torch.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from schemathesis.checks import (
 from service.core.config import Settings
 from tests.service.fakes import upload_parts, write_result
 from tests.service.helpers import thread_server, tiny_program
+from tests.service.in_process_checks import in_process_checks
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +69,7 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         max_upload_mb=1,
         max_result_mb=1,
     )
-    with thread_server(config) as (url, _):
+    with thread_server(config, checks=in_process_checks) as (url, _):
         seed(url, root)
         yield url
     print(f"\nschemathesis: {TALLY.total()} cases; statuses {dict(sorted(TALLY.items()))}")
