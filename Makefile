@@ -30,7 +30,8 @@ lint: venv
 # `make test` runs the whole suite, as CI does (.ci/run), in two runs: every test but the
 # `serial` ones on the xdist workers (tests/conftest.py says how many), then the serial ones (a
 # speed verdict or a tight time limit) in one process (-n 0), with nothing beside them, on the
-# caches the first run warmed. Both runs go on when the other fails; a failure in either fails the target.
+# caches the first run warmed. Both runs go on when the other fails; a failure in either fails
+# the target.
 # `make test-quick` leaves out the tests marked `slow` (real third-party models, services and
 # tuning runs end to end, the installed wheel): the loop to run while working.
 PYTEST := $(VENV)/bin/pytest -q
