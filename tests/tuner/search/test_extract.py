@@ -1,5 +1,6 @@
 import functools
 import operator
+from typing import Any
 
 import pytest
 import torch
@@ -7,9 +8,10 @@ from torch import fx, nn
 from torch.export import ExportedProgram
 
 from tuner.graph.capture import export_module, to_graph_module
-from tuner.graph.sites import structural_id
+from tuner.graph.sites import Site, structural_id
 from tuner.passes import get_pass, pass_names
 from tuner.passes.apply import apply_steps
+from tuner.passes.base import GraphPass
 from tuner.search.extract import (
     external_inputs,
     extract_site,
@@ -160,23 +162,24 @@ def test_zoo_triggers_the_reference_pass() -> None:
 # (every xdist worker collects every file).
 @pytest.mark.parametrize("pass_name", [n for n in pass_names() if n not in NEEDS_COLLECTIVES])
 def test_pass_finds_the_same_site_in_the_extracted_module(pass_name: str) -> None:
-    gm, _ = _zoo()
-    sites = get_pass(pass_name).find_sites(gm)
-    assert sites, f"the zoo has no {pass_name} site"
-    for index in range(len(sites)):
-        _check_extracted_site(pass_name, index)
-
-
-def _check_extracted_site(pass_name: str, index: int) -> None:
     gm, inputs = _zoo()
     graph_pass = get_pass(pass_name)
-    site = graph_pass.find_sites(gm)[index]
+    sites = graph_pass.find_sites(gm)
+    assert sites, f"the zoo has no {pass_name} site"
     values = record_values(gm, inputs, [n.name for n in gm.graph.nodes])
+    for site in sites:
+        _check_extracted_site(gm, values, graph_pass, site)
+
+
+def _check_extracted_site(
+    gm: fx.GraphModule, values: dict[str, Any], graph_pass: GraphPass, site: Site
+) -> None:
+    """Extracted, the site is found again, rewrites like in the model, and leaves `gm` as it was."""
     extracted = extract_site(gm, site.nodes, values)
     assert find_same_site(graph_pass, extracted.gm, site) is not None
 
     untouched = extracted.clone()
-    rewritten = apply_steps(extracted.gm, extracted.inputs, [(pass_name, {site.id})])
+    rewritten = apply_steps(extracted.gm, extracted.inputs, [(graph_pass.name, {site.id})])
     assert [s.id for s in rewritten.applied] == [site.id]
     assert find_same_site(graph_pass, untouched.gm, site) is not None
     expected = untouched()
