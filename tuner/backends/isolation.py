@@ -10,7 +10,7 @@ lowering the graph.
 
 Two uses:
 - an AOTInductor package is compiled in the child, and the tuner loads the package it wrote;
-- a backend built in the process that runs it (torch.compile, CUDA graphs) is probed: the child
+- a backend compiled in the process that runs it (torch.compile) is probed: the child
   builds and runs it once, and only a candidate that survives is built again in the tuner (on
   inductor's warm cache). Probing costs a child per candidate, so the tuner does it where
   crashes were seen (CUDA, issue 11) or when asked (`TuneOptions.isolate_compiles`).
