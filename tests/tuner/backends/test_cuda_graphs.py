@@ -105,6 +105,17 @@ def test_the_cuda_backends_exist_only_on_cuda() -> None:
     assert backends.deployed("eager", plain) is plain
 
 
+def test_a_cuda_graph_is_built_in_the_tuner_and_torch_compile_is_probed_first() -> None:
+    """Where compiles are isolated (CUDA), torch.compile's candidates are built and run in a
+    child first; a CUDA graph compiles nothing, and its child (Python, torch, a CUDA context)
+    did not fit in a 15 s budget on the H200, so the small models shipped the original."""
+    assert not backends.builds_in_child("cudagraph", probe=True)
+    assert backends.builds_in_child("compile", probe=True)
+    assert backends.builds_in_child("compile-cudagraphs", probe=True)
+    assert not backends.builds_in_child("compile", probe=False)
+    assert backends.builds_in_child("inductor", probe=False)
+
+
 @pytest.mark.cuda
 def test_a_real_cuda_graph_replays_the_module() -> None:
     torch.manual_seed(0)
