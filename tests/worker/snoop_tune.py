@@ -26,8 +26,11 @@ def main() -> None:
     token = os.environ.get("FXTUNE_WORKER_TOKEN") or os.environ.get("LEAK_VALUE", "")
     seen["env_token"] = "FXTUNE_WORKER_TOKEN" in os.environ
     message = json.dumps({"seen": seen, "leak": token})
-    print(json.dumps({"progress": 0.5, "message": message}), flush=True)
-    time.sleep(2.5)  # the worker relays progress at most once a second
+    # The worker relays progress on its heartbeat, and at once only where the last heartbeat is
+    # more than a second old: said again a second later, the message goes out then.
+    for _ in range(2):
+        print(json.dumps({"progress": 0.5, "message": message}), flush=True)
+        time.sleep(1.2)
     sys.stderr.write(f"Traceback ...\nerror: leaking {token} from http://w:{token}@h/\n")
     sys.exit(2)
 

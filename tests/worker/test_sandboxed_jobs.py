@@ -44,8 +44,10 @@ def site() -> Iterator[Path]:
 
 @pytest.fixture
 def live(site: Path) -> Iterator[tuple[str, Settings]]:
-    # A short lease: heartbeats (and the progress they carry) every second.
-    settings = Settings(data_dir=site / "data", api_token=USER, worker_token=TOKEN, lease_s=3)
+    # A lease a loaded machine's claim, download and child start fit in: with 3 s the reaper
+    # could requeue the job before its first heartbeat, which then found the lease gone and
+    # relayed no progress (one run in about ten on 2 cores).
+    settings = Settings(data_dir=site / "data", api_token=USER, worker_token=TOKEN, lease_s=10)
     with thread_server(settings) as (url, _app):
         yield url, settings
 
