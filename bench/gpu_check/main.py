@@ -21,6 +21,7 @@ import argparse
 import os
 import shutil
 import sys
+import tarfile
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -33,6 +34,8 @@ from bench.gpu_check.models import REGISTRY, path_of, resolve
 
 CHECKS = ("cuda-tests", "models", "service")
 MIN_ROW_S = 20.0  # a row started with less than this left would only time out
+LOGS = "logs"  # in OUT: each row's logs, job, row and tuning report
+LOGS_ARCHIVE = "gpu-check-logs.tar.gz"  # the same, as one file (`--archive-logs`)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--service-model", default="bert_mini", choices=list(REGISTRY))
     p.add_argument("--deadline-s", type=float, default=None, help="the whole run's limit")
     p.add_argument("--keep-work", action="store_true", help="keep the work folder (models, traces)")
+    p.add_argument(
+        "--archive-logs",
+        action="store_true",
+        help=f"the rows' logs as one OUT/{LOGS_ARCHIVE}, not a folder (for a machine that "
+        "sends back only a few files)",
+    )
     p.add_argument(
         "--row-slack-s",
         type=float,
@@ -170,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run_rows(args, device, base_job, work, started, clock)
     finally:
-        _keep_logs(work, args.out)
+        _keep_logs(work, args.out, archive=args.archive_logs)
         if not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -233,7 +242,6 @@ def _finished(doc: dict[str, Any], clock: float, cuda: bool) -> dict[str, Any]:
     return doc
 
 
-LOGS = "logs"
 KEPT = (".log", ".json", ".xml")
 MAX_KEPT_BYTES = 8 << 20
 
@@ -248,13 +256,20 @@ def _kept(path: Path, work: Path) -> bool:
     return path.stat().st_size <= MAX_KEPT_BYTES
 
 
-def _keep_logs(work: Path, out: Path) -> None:
-    """Copy each row's logs, job, row and tuning report from the work folder to OUT/logs."""
-    for path in work.rglob("*"):
-        if _kept(path, work):
-            target = out / LOGS / path.relative_to(work)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
+def _keep_logs(work: Path, out: Path, archive: bool = False) -> None:
+    """Copy each row's logs, job, row and tuning report from the work folder to OUT/logs, or
+    with `archive` into OUT/gpu-check-logs.tar.gz under the same names (`logs/...`)."""
+    kept = [path for path in sorted(work.rglob("*")) if _kept(path, work)]
+    if archive:
+        out.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(out / LOGS_ARCHIVE, "w:gz") as tar:
+            for path in kept:
+                tar.add(path, arcname=str(Path(LOGS) / path.relative_to(work)))
+        return
+    for path in kept:
+        target = out / LOGS / path.relative_to(work)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
 
 
 def _relative_logs(doc: dict[str, Any], work: Path) -> None:

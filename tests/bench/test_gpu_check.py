@@ -99,6 +99,30 @@ def test_the_cpu_dry_run_tunes_compares_and_times_each_model(dry_run: dict[str, 
     assert (dry_run["out"] / row["tune"]["log"]).is_file()  # logs kept in OUT, work removed
 
 
+def test_archived_logs_are_one_file_under_the_names_the_rows_give(tmp_path: Path) -> None:
+    """The device tool sends back at most 8 files: `--archive-logs` keeps the rows' logs, jobs
+    and reports in one archive, under the `logs/...` names the table gives them; traces and
+    the service's data folder stay out, as they do from the folder."""
+    import tarfile
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    for rel in ("cnn/tune.log", "cnn/report.json", "cnn.log", "cnn/x.trace.json",
+                "service/data/fxtune.db.json", "service/service.log"):  # fmt: skip
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(rel)
+    gpu_check._keep_logs(work, out, archive=True)
+    assert os.listdir(out) == [gpu_check.LOGS_ARCHIVE]
+    with tarfile.open(out / gpu_check.LOGS_ARCHIVE) as tar:
+        names = sorted(tar.getnames())
+        log = tar.extractfile("logs/cnn/tune.log")
+        assert log is not None and log.read() == b"cnn/tune.log"
+    assert names == ["logs/cnn.log", "logs/cnn/report.json", "logs/cnn/tune.log",
+                     "logs/service/service.log"]  # fmt: skip
+    gpu_check._keep_logs(work, tmp_path / "tree")
+    kept = sorted(str(p.relative_to(tmp_path / "tree")) for p in (tmp_path / "tree").rglob("*.*"))
+    assert kept == names
+
+
 def test_without_cuda_it_reports_nothing_checked_and_exits_0(tmp_path: Path) -> None:
     assert gpu_check.main(["--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "gpu-check.json").read_text())
