@@ -46,7 +46,7 @@ def site() -> Iterator[Path]:
 def live(site: Path) -> Iterator[tuple[str, Settings]]:
     # A lease a loaded machine's claim, download and child start fit in: with 3 s the reaper
     # could requeue the job before its first heartbeat, which then found the lease gone and
-    # relayed no progress (one run in about ten on 2 cores).
+    # relayed no progress (once in some twenty runs of the suite on 2 cores).
     settings = Settings(data_dir=site / "data", api_token=USER, worker_token=TOKEN, lease_s=10)
     with thread_server(settings) as (url, _app):
         yield url, settings

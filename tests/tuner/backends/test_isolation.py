@@ -26,8 +26,8 @@ def test_crashing_candidates_are_recorded_and_tuning_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before the child ran the package, a segfaulting package killed the tuner, and the worker
-    retried the whole job into the same crash. torch.compile (and CUDA graphs) build inside the
-    process that runs them; with `isolate_compiles` (the default on CUDA) a child builds and
+    retried the whole job into the same crash. torch.compile builds inside the process that
+    runs it; with `isolate_compiles` (the default on CUDA) a child builds and
     runs each first, so a crash there ends the candidate, not the run."""
     monkeypatch.setattr(isolation, "CHILD_MODULE", CRASHING)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
