@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tuner.graph.capture import export_module, save_program
@@ -244,6 +245,74 @@ def name_exec(src: Path, dst: Path, marker: Path) -> Path:
     return rewrite(src, dst, edit)
 
 
+ASSERT_PLACEHOLDER = "fxtune-assert-message"
+
+
+class _Asserting(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch._assert_async(x.sum() > -1e30, ASSERT_PLACEHOLDER)
+        return x * 2
+
+
+def cpp_payload(marker: Path) -> str:
+    """C++ that ends Inductor's `throw std::runtime_error("...")` literal, writes `marker` and
+    reopens an expression the generated tail closes."""
+    return (
+        f'x"), 0)); {{ FILE* f = fopen("{marker}", "w"); if (f) {{ fputs("pwned", f); '
+        'fclose(f); } } (true ? 0 : (throw std::runtime_error("y'
+    )
+
+
+def assert_message(dst: Path, message: str) -> Path:
+    """Route 4 (round 3): the message of `aten._assert_async.msg`, which Inductor's C++ kernel
+    generator pastes into `throw std::runtime_error("{msg}")` unescaped."""
+    src = save_program(
+        export_module(_Asserting(), (torch.randn(4, 4),)), dst.with_suffix(".src.pt2")
+    )
+
+    def change(program: dict) -> None:
+        for node in program["graph_module"]["graph"]["nodes"]:
+            for argument in node["inputs"]:
+                if argument["arg"].get("as_string") == ASSERT_PLACEHOLDER:
+                    argument["arg"]["as_string"] = message
+                    return
+        raise AssertionError("the program has no assert message to plant in")
+
+    return _edit_program(src, dst, change)
+
+
+class Strings(nn.Module):
+    """Twelve operators that take a string, as export keeps them."""
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+        a = F.gelu(x, approximate="tanh")
+        b = torch.div(x, 3, rounding_mode="floor")
+        c = torch.einsum("ij,jk->ik", x, x)
+        d = torch.zeros(4, 4).scatter_reduce(0, idx, x, reduce="amax")
+        e = torch.searchsorted(seq, x, side="right").float()
+        f = F.pad(x[None], (1, 1), mode="reflect")[0, :, 1:-1]
+        g, h = torch.meshgrid(x[0], x[1], indexing="ij")
+        q = torch.quantile(x, 0.5, dim=1, interpolation="midpoint", keepdim=True)
+        r = torch.fft.rfft(x, norm="ortho").abs()[:, :1]
+        inv, info = torch.linalg.inv_ex(x + 4 * torch.eye(4))
+        torch.ops.aten._linalg_check_errors(info, "linalg.inv_ex", is_matrix=True)
+        torch._assert_async(x.sum() > -1e30, "a message")
+        n = idx.sum().item()
+        torch._check(n <= 64)
+        return a + b + c + d + e + f + g + h + q + r + inv + n
+
+
+def strings_inputs() -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 4, generator=gen)
+    return x, torch.randint(0, 4, (4, 4), generator=gen), torch.linspace(-2, 2, 9)
+
+
+def strings_program_file(dst: Path) -> Path:
+    """A program whose JSON carries twelve operators' string arguments (for the fuzzers)."""
+    return save_program(export_module(Strings(), strings_inputs()), dst)
+
+
 def zeros_bomb(dst: Path) -> Path:
     """No code at all: one ATen call that allocates 4 TiB."""
 
@@ -305,6 +374,7 @@ def hostile_files(root: Path) -> dict[str, Path]:
         "expression_exec": expression_exec(dynamic, root / "expr.pt2", marker),
         "guard_exec": guard_exec(dynamic, root / "guard.pt2", marker),
         "name_exec": name_exec(good, root / "name.pt2", marker),
+        "assert_message": assert_message(root / "assert.pt2", cpp_payload(marker)),
         "zeros_bomb": zeros_bomb(root / "zeros.pt2"),
         "matmul_chain": matmul_chain(root / "chain.pt2"),
         "strided_weight": strided_weight(good, root / "strided.pt2"),
@@ -326,6 +396,7 @@ WHY = {
     "expression_exec": "expr_str",
     "guard_exec": "guards_code",
     "name_exec": "parameter_name",
+    "assert_message": "assert_msg",
     "zeros_bomb": "node zeros",
     "matmul_chain": "FLOPs",
     "strided_weight": "zero or overlapping strides",

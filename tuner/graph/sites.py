@@ -23,6 +23,7 @@ import sympy
 import torch
 from torch import fx
 
+from tuner.contract.op_strings import canonical_argument
 from tuner.graph.nodes import val
 from tuner.graph.shapes import spec_of
 
@@ -177,6 +178,21 @@ def _packed_sizes(nodes: Sequence[fx.Node]) -> dict[str, str]:
     return {d.symbol: d.name for d in spec.packed} if spec is not None else {}
 
 
+def _loaded_arguments(n: fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`n`'s arguments as fxtune's loader keeps them (free-text messages replaced:
+    `tuner.contract.op_strings`), so a program in memory and the same program saved and loaded
+    get one fingerprint."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None or not any(isinstance(a, str) for a in (*n.args, *n.kwargs.values())):
+        return n.args, dict(n.kwargs)
+    names = [a.name for a in schema.arguments]
+    args = tuple(
+        canonical_argument(n.target, names[i], a) if i < len(names) else a
+        for i, a in enumerate(n.args)
+    )
+    return args, {k: canonical_argument(n.target, k, v) for k, v in n.kwargs.items()}
+
+
 def structural_id(
     pass_name: str, nodes: Sequence[fx.Node], rename: Rename = None, *, read_only: bool = False
 ) -> str:
@@ -195,12 +211,13 @@ def structural_id(
     externals: dict[fx.Node, int] = {}
     parts: list[Any] = [pass_name]
     for n in ordered:
+        args, kwargs = _loaded_arguments(n)
         parts.append(
             (
                 n.op,
                 str(n.target),
-                _describe_arg(n.args, index, externals, rename, read_only),
-                _describe_arg(n.kwargs, index, externals, rename, read_only),
+                _describe_arg(args, index, externals, rename, read_only),
+                _describe_arg(kwargs, index, externals, rename, read_only),
                 _describe_node(n, rename, read_only),
             )
         )

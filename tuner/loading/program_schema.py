@@ -6,8 +6,10 @@ parameter names and keyword names into generated source. So the JSON is walked h
 schema torch's own dataclasses declare (`torch._export.serde.schema`: which keys exist and their
 types), and every string field gets a rule of fxtune's (`STRING_RULES`): an identifier, a dotted
 module path, an operator the op policy accepts, an expression in fxtune's grammar
-(`tuner.loading.sym_expr`, re-printed from its parse tree), plain text that only ever becomes a
-Python value, or dropped (guard code and per-node metadata, which fxtune does not use). Unknown
+(`tuner.loading.sym_expr`, re-printed from its parse tree), an operator's string argument checked
+against that operator's allowlist (`tuner.contract.op_strings`: Inductor's C++ generator pastes
+some of them into source unescaped), a short token (constant inputs), or dropped (guard code and
+per-node metadata, which fxtune does not use). Unknown
 keys, unknown string fields (a newer torch's schema) and custom objects are refused, so the check
 fails closed. What comes out is a new, sanitized dict; the caller serializes that, not the upload.
 """
@@ -26,12 +28,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tuner.contract.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
+from tuner.contract.op_strings import checked_argument, constant_token
 from tuner.host.torch_compat import private
 from tuner.loading.op_policy import refusal
 from tuner.loading.sym_expr import canonical_expression, check_guard, check_range_key
 
 MAX_DEPTH = 200
-MAX_TEXT = 4096
 MAX_NAME = 255
 MAX_LIST = 10_000_000
 INT_LIMIT = 2**63
@@ -87,11 +89,12 @@ def operator_target(value: str, path: str) -> str:
     return value
 
 
-def text(value: str, path: str) -> str:
-    """A string that only ever becomes a Python value (an op's string argument)."""
-    if len(value) > MAX_TEXT or "\0" in value:
-        raise _bad(path, "a string argument is too long or holds NUL")
-    return value
+def constant_string(value: str, path: str) -> str:
+    """A string outside any operator's arguments (a constant input export specialized on)."""
+    try:
+        return constant_token(value)
+    except UnsafeArtifactError as exc:
+        raise _bad(path, str(exc)) from None
 
 
 def _pattern(regex: re.Pattern[str], what: str) -> Callable[[str, str], str]:
@@ -192,13 +195,14 @@ STRING_RULES: dict[tuple[str, str], Rule] = {
     ("GraphArgument", "name"): identifier,
     ("CustomObjArgument", "name"): refuse_custom,
     ("CustomObjArgument", "class_fqn"): refuse_custom,
-    ("Argument", "as_string"): text,
-    ("Argument", "as_strings"): text,
+    # Strings passed to an operator: `_Walker.string_argument` (tuner.contract.op_strings).
+    ("Argument", "as_string"): constant_string,
+    ("Argument", "as_strings"): constant_string,
     ("Argument", "as_operator"): operator_target,
     ("NamedArgument", "name"): lambda value, path: value and identifier(value, path),  # HOPs: ""
     ("Node", "target"): operator_target,
     ("Node", "name"): identifier,
-    ("ConstantValue", "as_string"): text,
+    ("ConstantValue", "as_string"): constant_string,
     ("InputToConstantInputSpec", "name"): identifier,
     ("InputToParameterSpec", "parameter_name"): _fqn,
     ("InputToBufferSpec", "buffer_name"): _fqn,
@@ -281,8 +285,31 @@ def _is_union(cls: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, union._Union)
 
 
+# Where a string argument sits: the node that passes it and the argument's name.
+_CONTEXT_RECORDS = frozenset({"Node", "NamedArgument", "Graph"})
+_ARGUMENT_STRINGS = frozenset({("Argument", "as_string"), ("Argument", "as_strings")})
+
+
 class _Walker:
-    """Checks a JSON value against a schema type and returns its sanitized copy."""
+    """Checks a JSON value against a schema type and returns its sanitized copy.
+
+    It keeps a stack of the nodes, named arguments and graphs it is inside, so a string argument
+    is checked against the rule of the operator and argument it is passed to."""
+
+    def __init__(self) -> None:
+        self._inside: list[tuple[str, Any]] = []
+
+    def string_argument(self, value: str, owner: tuple[str, str], path: str) -> str:
+        if len(self._inside) >= 2:
+            (node, target), (arg, name) = self._inside[-2:]
+            if node == "Node" and arg == "NamedArgument":
+                if not isinstance(target, str) or not isinstance(name, str):
+                    raise _bad(path, "a string argument of a malformed node")
+                try:
+                    return checked_argument(target, name, value)
+                except UnsafeArtifactError as exc:
+                    raise _bad(path, str(exc)) from None
+        return STRING_RULES[owner](value, path)
 
     def walk(self, tp: Any, value: Any, owner: tuple[str, str], path: str, depth: int) -> Any:
         if depth > MAX_DEPTH:
@@ -326,6 +353,17 @@ class _Walker:
             raise _bad(path, f"unknown key {_shown(str(unknown[0]))} in {cls.__name__}")
         if _is_union(cls) and len(value) != 1:
             raise _bad(path, f"a {cls.__name__} must have exactly one key")
+        if cls.__name__ not in _CONTEXT_RECORDS:
+            return self._fields_of(cls, fields, value, path, depth)
+        self._inside.append((cls.__name__, value.get("target", value.get("name"))))
+        try:
+            return self._fields_of(cls, fields, value, path, depth)
+        finally:
+            self._inside.pop()
+
+    def _fields_of(
+        self, cls: type, fields: dict[str, Any], value: dict[str, Any], path: str, depth: int
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, field_value in value.items():
             owner = (cls.__name__, name)
@@ -344,6 +382,8 @@ class _Walker:
                 raise _bad(path, f"fxtune has no rule for the string field {'.'.join(owner)}")
             if not isinstance(value, str):
                 raise _bad(path, "expected a string")
+            if owner in _ARGUMENT_STRINGS:
+                return self.string_argument(value, owner, path)
             return rule(value, path)
         if tp is bool:
             if not isinstance(value, bool):

@@ -1,8 +1,10 @@
 """A mutation fuzzer over real programs' JSON: every string field gets payloads of each class
 (code in expressions, guards and names; quotes, newlines, huge text), every number extremes, and
-objects unknown keys. For each mutant, what `fxtune sites` does (safe load, resource bounds,
-capture, every pass's site search) must end in fxtune's own refusal or a clean run, with no
-marker file and memory under a cap.
+objects unknown keys. One base program passes strings to twelve operators, so operators' string
+arguments get the payloads too. For each mutant, what `fxtune sites` does (safe load, resource
+bounds, capture, every pass's site search) must end in fxtune's own refusal or a clean run, with
+no marker file, no string that could end a literal passed to an operator, and memory under a
+cap.
 
 FXTUNE_FUZZ_EXAMPLES sets the number of cases (default 120 in the suite).
 """
@@ -20,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.crafted import dynamic_program, good_program, rewrite
+from tests.crafted import dynamic_program, good_program, rewrite, strings_program_file
 from tests.program_mutants import NUMBERS, leaves, payloads, set_at
 from tuner.contract.errors import FxtuneError
 from tuner.graph.capture import to_graph_module
@@ -35,7 +37,12 @@ MEMORY_CAP_KB = 3 * 1024**2
 def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
     root = tmp_path_factory.mktemp("fuzz")
     out = {}
-    for name, build in (("static", good_program), ("dynamic", dynamic_program)):
+    builds = (
+        ("static", good_program),
+        ("dynamic", dynamic_program),
+        ("strings", strings_program_file),
+    )
+    for name, build in builds:
         path = build(root / f"{name}.pt2")
         with zipfile.ZipFile(path) as zf:
             member = next(n for n in zf.namelist() if n.endswith("models/model.json"))
@@ -43,10 +50,15 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dic
     return out
 
 
-def _sites(path: Path) -> int:
-    """What `fxtune sites` runs on a file."""
+LITERAL_BREAKERS = ('"', "\\", "\n", "*/")
+
+
+def _sites(path: Path) -> list[str]:
+    """What `fxtune sites` runs on a file; the strings the loaded graph passes to operators."""
     gm = to_graph_module(load_bounded(path))
-    return sum(len(get_pass(name).find_sites(gm)) for name in pass_names())
+    for name in pass_names():
+        get_pass(name).find_sites(gm)
+    return [a for n in gm.graph.nodes for a in (*n.args, *n.kwargs.values()) if isinstance(a, str)]
 
 
 counts = {"cases": 0, "refused": 0, "clean": 0}
@@ -81,8 +93,9 @@ def test_no_mutant_runs_code_or_escapes_fxtunes_errors(
     rewrite(src, dst, lambda n, d: raw if n.endswith("models/model.json") else d)
     counts["cases"] += 1
     try:
-        _sites(dst)
+        strings = _sites(dst)
         counts["clean"] += 1
+        assert not [s for s in strings if any(b in s for b in LITERAL_BREAKERS)], strings
     except FxtuneError:
         counts["refused"] += 1
     assert not marker.exists(), f"a mutant ran code: {path}"

@@ -1,8 +1,10 @@
-"""The three routes from a program JSON to Python's compiler, and the resource bombs.
+"""The routes from a program JSON to a compiler (Python's three, Inductor's C++ one), and the
+resource bombs.
 
-Each exploit is first shown to work against plain `torch.export.load(...).module()` (the
-control: the marker file appears), then refused by fxtune's loader and by `fxtune sites` (exit
-3) with no marker.
+Each Python exploit is first shown to work against plain `torch.export.load(...).module()` (the
+control: the marker file appears; the C++ route's control, which needs a compile, is in
+test_op_string_args.py), then every route is refused by fxtune's loader and by `fxtune sites`
+(exit 3) with no marker.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from tests.crafted import CODE_MARKER
 from tuner.contract.errors import UnsafeArtifactError
 from tuner.loading.load import load_program
 
-ROUTES = {
+PYTHON_ROUTES = {
     "expression_exec": "expr_str",
     "guard_exec": "guards_code",
     "name_exec": "parameter_name",
 }
+ROUTES = {**PYTHON_ROUTES, "assert_message": "assert_msg"}
 BOMBS = {
     "zeros_bomb": "makes a tensor of 4096.0 GiB",
     "matmul_chain": "FLOPs",
@@ -37,7 +40,7 @@ def _marker(hostile: dict[str, Path]) -> Path:
     return hostile["good"].parent / CODE_MARKER
 
 
-@pytest.mark.parametrize("name", sorted(ROUTES))
+@pytest.mark.parametrize("name", sorted(PYTHON_ROUTES))
 def test_plain_torch_runs_the_planted_code(hostile: dict[str, Path], name: str) -> None:
     """The control: each crafted file really is an exploit for torch's own loader."""
     marker = _marker(hostile)
