@@ -3,12 +3,15 @@
 ATen alone makes bombs without a line of code: `zeros(2**40)`, a chain of 16k x 16k matmuls.
 So before a program is tuned (and when it is uploaded) every node's output is sized from fake
 tensor propagation (the operators' own shape rules, not the sizes the upload declares), at the
-example sizes and at the largest sizes the tuner would measure by default, and the floating-point
-work of each node is counted by running it on `meta` tensors under torch's `FlopCounterMode`
-(no data, no compute). A program whose largest intermediate, peak of live tensors or FLOPs per
-call exceeds the limits is refused with the node named. Sizes that depend on tensor data (after
-`nonzero`, `item`) are taken at the upper bound export recorded for them; none recorded, the
-program is refused, since nothing then bounds what it allocates. Loops (`while_loop`) count once.
+example sizes and at the largest sizes the tuner would measure by default, and every node's cost
+is priced by `tuner.loading.op_costs` on `meta` tensors (no data, no compute): torch's FLOP
+formulas where it has them, a cost rule for every other op, and a refusal for an op with
+neither. A program whose largest intermediate, peak of live tensors or cost per call exceeds the
+limits is refused with the node named. Sizes that depend on tensor data (after `nonzero`,
+`item`) are taken at the upper bound export recorded for them; none recorded, the program is
+refused, since nothing then bounds what it allocates. The bodies of higher-order ops are walked
+the same way: `scan` and `map` count their body once per slice, `cond` its dearer branch, and a
+`while_loop` (whose trip count is data) is refused.
 """
 
 from __future__ import annotations
@@ -23,16 +26,17 @@ import sympy
 import torch
 from torch import fx
 from torch.export import ExportedProgram
-from torch.utils.flop_counter import FlopCounterMode
 
 from tuner.contract.errors import ArtifactFormatError, FxtuneError, UnsafeArtifactError
 from tuner.graph.capture import example_inputs, to_graph_module
 from tuner.graph.shapes import SPEC_KEY, ShapeSpec
 from tuner.graph.sizes import default_sizes
 from tuner.host import failures
+from tuner.loading import op_costs
 
 GiB = 1024**3
-# Sustained FLOP/s assumed per device kind when a budget turns into a FLOP limit.
+# Sustained FLOP/s assumed per device kind when a budget turns into a FLOP limit (costs are in
+# FLOP-equivalents: `tuner.loading.op_costs`).
 DEVICE_FLOPS = {"cpu": 2e11, "cuda": 5e13, "xla": 5e13}
 MIN_CALLS = 20  # a budget must leave room for this many timed calls of the whole model
 # Without a budget (an upload, `fxtune sites`): 100 TFLOP a call, about 2 s on an H100 in fp32;
@@ -119,31 +123,74 @@ def _on_meta(value: Any, values: Mapping[str, int], node: fx.Node) -> Any:
         return torch.empty(_shape(value, values, node), dtype=value.dtype, device="meta")
     if isinstance(value, torch.SymInt):
         return _evaluate(value, values, node)
+    if isinstance(value, torch.device):  # a factory's or `to`'s device: nothing leaves meta
+        return torch.device("meta")
     if isinstance(value, list | tuple):
         return type(value)(_on_meta(v, values, node) for v in value)
     return value
 
 
-def _flops(node: fx.Node, values: Mapping[str, int]) -> float:
-    """FLOPs of one call, counted on meta tensors; ops FlopCounterMode doesn't count are 0."""
-    if node.op != "call_function" or not hasattr(node.target, "_schema"):
-        return 0.0
-    try:
+# Scalar arithmetic on sizes (`operator.mul`, `math.ceil`, `torch.sym_max`) and `getitem`.
+_SCALAR_MODULES = frozenset({"_operator", "operator", "math", "builtins"})
+
+
+def _scalar(target: Any) -> bool:
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__name__", "")
+    return module in _SCALAR_MODULES or (module == "torch" and name.startswith(("sym_", "_sym_")))
+
+
+def _bodies(gm: fx.GraphModule, node: fx.Node) -> list[fx.GraphModule]:
+    """The graphs a higher-order op runs (its `get_attr` arguments)."""
+    found = []
+    for arg in node.args:
+        if isinstance(arg, fx.Node) and arg.op == "get_attr":
+            body = getattr(gm, str(arg.target), None)
+            if isinstance(body, fx.GraphModule):
+                found.append(body)
+    return found
+
+
+def _cost(
+    gm: fx.GraphModule, node: fx.Node, values: Mapping[str, int], bounds: Bounds
+) -> tuple[float, int]:
+    """One call of `node`: its cost (`op_costs`) and the peak bytes its bodies hold while it
+    runs; UnpricedOpError for anything without a bound."""
+    if node.op != "call_function":
+        return 0.0, 0
+    target = node.target
+    hop = op_costs.hop_rule(target)
+    if hop is not None:
+        hop.check(node.name)
+        bodies = [footprint(body, values, bounds) for body in _bodies(gm, node)]
         args = _on_meta(node.args, values, node)
-        kwargs = {k: _on_meta(v, values, node) for k, v in node.kwargs.items()}
-        with FlopCounterMode(display=False) as counter:
-            node.target(*args, **kwargs)
-    except ResourceBoundError:
+        held = max((b.peak_live_bytes for b in bodies), default=0)
+        return hop.cost(node.name, args, [b.flops for b in bodies]), held
+    if _scalar(target):
+        return 0.0, 0
+    if not hasattr(target, "_schema"):
+        raise op_costs.UnpricedOpError(
+            f"refused: node {node.name} calls {target}, whose cost fxtune cannot bound"
+        )
+    args = _on_meta(node.args, values, node)
+    kwargs = {k: _on_meta(v, values, node) for k, v in node.kwargs.items()}
+    out = _on_meta(node.meta.get("val"), values, node)
+    try:
+        return op_costs.node_cost(node.name, target, args, kwargs, out), 0
+    except FxtuneError:
         raise
-    except Exception as exc:  # an op without a meta kernel (data-dependent): no FLOPs known
-        failures.input_fault(exc, f"counting the FLOPs of node {node.name}")
-        return 0.0
-    return float(counter.get_total_flops())
+    except Exception as exc:  # no rule, and no meta kernel to decompose it with
+        failures.input_fault(exc, f"pricing node {node.name}")
+        raise op_costs.UnpricedOpError(
+            f"refused: node {node.name} calls {target}, whose cost fxtune cannot bound: it has "
+            f"no cost rule and does not run on meta tensors ({type(exc).__name__})"
+        ) from exc
 
 
 def footprint(gm: fx.GraphModule, values: Mapping[str, int], bounds: Bounds) -> Footprint:
-    """Walk the graph once: sizes, the peak of live tensors (freed after their last use), FLOPs;
-    refuse at the first node past a limit."""
+    """Walk the graph once: sizes, the peak of live tensors (freed after their last use), cost;
+    refuse at the first node past a limit. Bodies of higher-order ops are walked the same way,
+    and what they hold counts on top of the live tensors at their node."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     last_use = {n: max((order[u] for u in n.users), default=order[n]) for n in gm.graph.nodes}
     live: dict[fx.Node, int] = {}
@@ -166,17 +213,18 @@ def footprint(gm: fx.GraphModule, values: Mapping[str, int], bounds: Bounds) -> 
         if size > largest:
             largest, largest_node = size, node.name
         live[node] = size
-        peak = max(peak, sum(live.values()))
+        cost, held = _cost(gm, node, values, bounds)
+        peak = max(peak, sum(live.values()) + held)
         if peak > bounds.max_live_bytes:
             raise ResourceBoundError(
                 f"refused: at node {node.name} the live tensors need {peak / GiB:.1f} GiB "
                 f"(limit {bounds.max_live_bytes / GiB:.1f} GiB)"
             )
-        flops += _flops(node, values)
+        flops += cost
         if flops > bounds.max_flops:
             raise ResourceBoundError(
                 f"refused: by node {node.name} one call needs {flops:.3g} FLOPs "
-                f"(limit {bounds.max_flops:.3g} for this budget and device)"
+                f"(FLOP-equivalents; limit {bounds.max_flops:.3g} for this budget and device)"
             )
         for done in [n for n in live if _freed(n, last_use, order[node])]:
             del live[done]

@@ -8,7 +8,12 @@ boolean operators, and calls of an allowlisted set of sympy and torch functions,
 `str` or the `srepr` form torch writes), then printed back from the parse tree, fully
 parenthesized. Only that printed text goes on to torch. Exponents and shifts are limited to small
 literals, since sympy evaluates `10**10**9` or `LShift(1, 10**9)` eagerly; length, depth and
-symbol numbers are capped.
+symbol numbers are capped. Small exponents still compound (`(((10**20)**64)**64)**64` has 10^9
+bits), so each part of the parse tree is also sized (`tuner.loading.expr_size`: the bits of any
+number it can make, every size symbol in the 64-bit range) and an expression with a part past
+`expr_size.MAX_BITS` is refused before sympy sees it. sympy also simplifies as it parses (Max
+compares its arguments pairwise, Mod factors), so the numbers and symbols, the calls of those
+functions, a Max's arguments and the monomials their arguments expand to are capped too.
 
 The grammar, precisely (Python's operator precedence, one comparison per level, no chaining):
 
@@ -26,16 +31,35 @@ The grammar, precisely (Python's operator precedence, one comparison per level, 
 from __future__ import annotations
 
 import ast
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.contract.errors import UnsafeArtifactError
+from tuner.loading import expr_size
+from tuner.loading.expr_size import Size
 
 MAX_LENGTH = 16_384
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 20
 MAX_EXPONENT = 64
 MAX_SYMBOL_INDEX = 1_000_000
+MAX_PRECISION = 1024  # a Float's bits (torch writes 53); sympy takes seconds at a million
+# sympy simplifies as it builds: Max and Min compare their arguments pairwise (a Max of 32 sums
+# took 0.4 s, 30 nested Max 2.7 s), Mod and floor division look for common factors.
+# torch writes a handful of each; these caps keep every accepted expression to milliseconds.
+MAX_ATOMS = 32  # numbers and symbols in one expression
+MAX_SIMPLIFYING = 12  # calls of SIMPLIFYING functions, `//` and `%` included
+MAX_MINMAX_ARGS = 4  # arguments of one Max or Min, nested ones of its kind flattened in
+MAX_TERMS = 8  # monomials an argument of a SIMPLIFYING function can expand to
+TERMS_CAP = 10**6
+SIMPLIFYING = frozenset(
+    {
+        "Max", "Min", "Mod", "PythonMod", "FloorDiv", "CeilDiv", "CleanDiv", "ModularIndexing",
+        "Piecewise", "Where", "floor", "ceiling",
+    }
+)  # fmt: skip
 
 SYMBOL = re.compile(r"(s|u|zf|zuf|ps|tmp|idx|i|x|y|z|q|r|c|h|view|indirect|r0_|r1_)(\d{1,7})")
 DECIMAL = re.compile(r"\d{1,20}\.\d{0,20}(e[+-]?\d{1,3})?|\d{1,20}e[+-]?\d{1,3}")
@@ -105,14 +129,76 @@ def check_symbol(name: str, text: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class Part:
+    """A parsed part: its canonical text, how large a number it can be (`expr_size`) and, for a
+    Max or Min call, how many arguments sympy sees once it flattens nested ones of its kind."""
+
+    text: str
+    size: Size
+    minmax: tuple[str, int] | None = None
+    terms: int = 1  # monomials once expanded, at most (capped at TERMS_CAP)
+
+
+_BINARY_SIZES: dict[str, Callable[[Size, Size], Size]] = {
+    "+": expr_size.add,
+    "-": expr_size.add,
+    "*": expr_size.mul,
+    "/": expr_size.div,
+    "//": expr_size.floordiv,
+    "%": expr_size.mod,
+    "|": expr_size.add,
+    "&": expr_size.add,
+}
+_UNARY_SIZES: dict[str, Callable[[Size], Size]] = {
+    "-": lambda a: a,
+    "+": lambda a: a,
+    "~": lambda a: expr_size.add(a, Size(1)),
+}
+
+
+_BINARY_TERMS: dict[str, Callable[[Part, Part], int]] = {
+    "+": lambda a, b: min(a.terms + b.terms, TERMS_CAP),
+    "-": lambda a, b: min(a.terms + b.terms, TERMS_CAP),
+    "*": lambda a, b: min(a.terms * b.terms, TERMS_CAP),
+    "/": lambda a, b: min(a.terms * b.terms, TERMS_CAP),
+    "//": lambda a, b: 1,
+    "%": lambda a, b: 1,
+    "|": lambda a, b: 1,
+    "&": lambda a, b: 1,
+}
+# How calls combine their arguments' monomials; any other call is one opaque term.
+_CALL_TERMS: dict[str, Callable[[list[int]], int]] = {
+    "Add": lambda terms: min(sum(terms), TERMS_CAP),
+    "Mul": lambda terms: min(math.prod(terms), TERMS_CAP),
+    "Rational": lambda terms: min(math.prod(terms), TERMS_CAP),
+    "Integer": lambda terms: terms[0] if terms else 1,
+    "Identity": lambda terms: terms[0] if terms else 1,
+}
+
+
+def _power_terms(terms: int, exponent: int) -> int:
+    """Monomials of a sum of `terms` monomials to the `exponent`: at most terms ** |exponent|."""
+    if terms == 1 or exponent == 0:
+        return 1
+    return (
+        TERMS_CAP
+        if abs(exponent) * math.log2(terms) >= math.log2(TERMS_CAP)
+        else terms ** abs(exponent)
+    )
+
+
 class _Parser:
-    """Recursive descent over the tokens; each method returns the canonical text of its part."""
+    """Recursive descent over the tokens; each method returns the canonical text of its part and
+    the size of the numbers it can make, refusing any part past `expr_size.MAX_BITS`."""
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.toks = _tokens(text)
         self.i = 0
         self.depth = 0
+        self.atoms = 0
+        self.simplifying = 0
 
     def peek(self) -> Tok:
         return self.toks[self.i]
@@ -129,13 +215,37 @@ class _Parser:
         if self.depth > MAX_DEPTH:
             raise _refuse(self.text, "nested too deeply")
 
+    def atom_seen(self) -> None:
+        self.atoms += 1
+        if self.atoms > MAX_ATOMS:
+            raise _refuse(self.text, f"more than {MAX_ATOMS} numbers and symbols")
+
+    def simplifying_seen(self) -> None:
+        self.simplifying += 1
+        if self.simplifying > MAX_SIMPLIFYING:
+            raise _refuse(
+                self.text, f"more than {MAX_SIMPLIFYING} Max, Min, Mod, floor division or Piecewise"
+            )
+
+    def part(
+        self, text: str, size: Size, minmax: tuple[str, int] | None = None, terms: int = 1
+    ) -> Part:
+        """A part, unless the numbers it can make are past the limit."""
+        if size.bits > expr_size.MAX_BITS:
+            raise _refuse(
+                self.text,
+                f"{text[:40]!r} can make a number of about {size.bits} bits (with every size "
+                f"symbol in the 64-bit range); the limit is {expr_size.MAX_BITS} bits",
+            )
+        return Part(text, size, minmax, terms)
+
     def parse(self) -> str:
         out = self.expr()
         if self.peek().kind != "end":
             raise _refuse(self.text, f"unexpected {self.peek().text!r}")
-        return out
+        return out.text
 
-    def expr(self) -> str:
+    def expr(self) -> Part:
         self.nested()
         left = self.bitor()
         if self.peek().text in COMPARISONS:
@@ -143,47 +253,58 @@ class _Parser:
             right = self.bitor()
             if self.peek().text in COMPARISONS:
                 raise _refuse(self.text, "chained comparisons are not accepted")
-            left = f"({left} {op} {right})"
+            left = self.part(f"({left.text} {op} {right.text})", expr_size.BOOLEAN)
         self.depth -= 1
         return left
 
-    def _binary(self, ops: tuple[str, ...], operand: str) -> str:
-        left = getattr(self, operand)()
+    def _binary(self, ops: tuple[str, ...], operand: Callable[[], Part]) -> Part:
+        left = operand()
         while self.peek().kind == "op" and self.peek().text in ops:
             op = self.take().text
-            left = f"({left} {op} {getattr(self, operand)()})"
+            right = operand()
+            size = _BINARY_SIZES[op](left.size, right.size)
+            text = f"({left.text} {op} {right.text})"
+            if op in ("//", "%"):
+                self.simplifying_seen()
+                self.expandable(op, (left, right))
+            left = self.part(text, size, terms=_BINARY_TERMS[op](left, right))
         return left
 
-    def bitor(self) -> str:
-        return self._binary(("|",), "bitand")
+    def bitor(self) -> Part:
+        return self._binary(("|",), self.bitand)
 
-    def bitand(self) -> str:
-        return self._binary(("&",), "arith")
+    def bitand(self) -> Part:
+        return self._binary(("&",), self.arith)
 
-    def arith(self) -> str:
-        return self._binary(("+", "-"), "term")
+    def arith(self) -> Part:
+        return self._binary(("+", "-"), self.term)
 
-    def term(self) -> str:
-        return self._binary(("*", "/", "//", "%"), "unary")
+    def term(self) -> Part:
+        return self._binary(("*", "/", "//", "%"), self.unary)
 
-    def unary(self) -> str:
+    def unary(self) -> Part:
         if self.peek().kind == "op" and self.peek().text in ("-", "+", "~"):
             op = self.take().text
             self.nested()
             inner = self.unary()
             self.depth -= 1
-            return f"({op}{inner})"
+            text = f"({op}{inner.text})"
+            return self.part(text, _UNARY_SIZES[op](inner.size), terms=inner.terms)
         return self.power()
 
-    def power(self) -> str:
+    def power(self) -> Part:
         base = self.atom()
         if self.peek().text == "**":
             self.take()
-            return f"({base} ** {self.small_int()})"
+            exponent, value = self.small_int()
+            text = f"({base.text} ** {exponent})"
+            size = expr_size.power(base.size, value)
+            return self.part(text, size, terms=_power_terms(base.terms, value))
         return base
 
-    def small_int(self) -> str:
-        """An exponent or shift: an integer literal of at most MAX_EXPONENT, maybe negated."""
+    def small_int(self) -> tuple[str, int]:
+        """An exponent or shift: an integer literal of at most MAX_EXPONENT, maybe negated; its
+        text and value (negative exactly when the text has a minus sign)."""
         sign = ""
         if self.peek().text == "(":
             self.take()
@@ -196,60 +317,111 @@ class _Parser:
         if self.peek().text == "Integer":
             self.take()
             self.take("(")
-            value = self.small_int()
+            text, value = self.small_int()
             self.take(")")
-            return f"Integer({sign}{value})" if not value.startswith("-") else f"Integer({value})"
+            signed = text if text.startswith("-") else f"{sign}{text}"
+            return f"Integer({signed})", -abs(value) if "-" in signed else abs(value)
         tok = self.take()
         if tok.kind != "num" or not tok.text.isdigit() or int(tok.text) > MAX_EXPONENT:
             raise _refuse(self.text, f"exponents and shifts must be integers up to {MAX_EXPONENT}")
-        return f"{sign}{int(tok.text)}"
+        return f"{sign}{int(tok.text)}", -int(tok.text) if sign else int(tok.text)
 
-    def number(self, text: str) -> str:
+    def number(self, text: str) -> Part:
+        self.atom_seen()
         if text.isdigit():
             if len(text) > MAX_INT_DIGITS:
                 raise _refuse(self.text, "an integer literal is too long")
-            return str(int(text))
+            return self.part(str(int(text)), expr_size.of_int(int(text)))
         if DECIMAL.fullmatch(text) is None:
             raise _refuse(self.text, f"{text!r} is not a plain number")
-        return text
+        return self.part(text, expr_size.of_decimal(text))
 
-    def atom(self) -> str:
+    def atom(self) -> Part:
         tok = self.take()
         if tok.kind == "num":
             return self.number(tok.text)
         if tok.kind == "op" and tok.text == "(":
             inner = self.expr()
             self.take(")")
-            return inner if _wrapped(inner) else f"({inner})"
+            if _wrapped(inner.text):
+                return inner
+            return Part(f"({inner.text})", inner.size, inner.minmax, inner.terms)
         if tok.kind == "name":
             if self.peek().text == "(":
                 return self.call(tok.text)
+            self.atom_seen()
             if tok.text in CONSTANTS:
-                return tok.text
-            return check_symbol(tok.text, self.text)
+                return Part(tok.text, expr_size.BOOLEAN)
+            return Part(check_symbol(tok.text, self.text), expr_size.SYMBOL)
         raise _refuse(self.text, f"unexpected {tok.text or 'end'!r}")
 
-    def call(self, name: str) -> str:
+    def call(self, name: str) -> Part:
         if name not in FUNCTIONS:
             raise _refuse(self.text, f"{name!r} is not an accepted function")
+        if name in SIMPLIFYING:
+            self.simplifying_seen()
         self.take("(")
         self.nested()
+        minmax = None
+        terms = 1
+        if name in ("Symbol", "Dummy", "Float"):
+            self.atom_seen()
         if name in ("Symbol", "Dummy"):
             args = [self.symbol_name(), *self.assumptions()]
+            size = expr_size.SYMBOL
         elif name == "Float":
-            args = [self.float_text(), *self.keywords(frozenset({"precision"}))]
+            text, size = self.float_text()
+            args = [text, *self.keywords(frozenset({"precision"}))]
         elif name in EXPONENT_FUNCTIONS:
-            args = [self.expr()]
+            base = self.expr()
             self.take(",")
-            args.append(self.small_int())
+            exponent, value = self.small_int()
+            args = [base.text, exponent]
+            if name in ("Pow", "PowByNatural", "FloatPow"):
+                terms = _power_terms(base.terms, value)
+            if name == "LShift":
+                size = expr_size.shift_left(base.size, value)
+            elif name == "RShift":
+                size = base.size
+            else:
+                size = expr_size.power(base.size, value)
         else:
-            args = [] if self.peek().text == ")" else [self.expr()]
+            parts = [] if self.peek().text == ")" else [self.expr()]
             while self.peek().text == ",":
                 self.take()
-                args.append(self.expr())
+                parts.append(self.expr())
+            args = [p.text for p in parts]
+            if name in ("Max", "Min"):
+                minmax = (name, self.flattened(name, parts))
+            if name in SIMPLIFYING:
+                self.expandable(name, parts)
+            if name in _CALL_TERMS:
+                terms = _CALL_TERMS[name]([p.terms for p in parts])
+            found = expr_size.of_call(name, [p.size for p in parts])
+            if found is None:
+                raise _refuse(self.text, f"fxtune cannot bound the numbers {name!r} makes")
+            size = found
         self.take(")")
         self.depth -= 1
-        return f"{name}({', '.join(args)})"
+        text = f"{name}({', '.join(args)})"
+        return self.part(text, size, minmax, terms)
+
+    def expandable(self, name: str, parts: tuple[Part, ...] | list[Part]) -> None:
+        """sympy's Mod, floor division, Max... factor and compare their arguments: refuse
+        arguments whose expansion has more than MAX_TERMS monomials."""
+        for p in parts:
+            if p.terms > MAX_TERMS:
+                raise _refuse(
+                    self.text,
+                    f"an argument of {name} has over {MAX_TERMS} terms expanded: {p.text[:40]!r}",
+                )
+
+    def flattened(self, name: str, parts: list[Part]) -> int:
+        """The arguments sympy's Max or Min compares: nested calls of the same kind flatten."""
+        count = sum(p.minmax[1] if p.minmax and p.minmax[0] == name else 1 for p in parts)
+        if count > MAX_MINMAX_ARGS:
+            raise _refuse(self.text, f"a {name} of more than {MAX_MINMAX_ARGS} arguments")
+        return count
 
     def symbol_name(self) -> str:
         tok = self.take()
@@ -257,7 +429,7 @@ class _Parser:
             raise _refuse(self.text, "Symbol takes a quoted name")
         return f"'{check_symbol(tok.text[1:-1], self.text)}'"
 
-    def float_text(self) -> str:
+    def float_text(self) -> tuple[str, Size]:
         tok = self.take()
         quoted = tok.kind == "str"
         body = tok.text[1:-1] if quoted else tok.text
@@ -266,7 +438,7 @@ class _Parser:
             DECIMAL.fullmatch(digits) or (digits.isdigit() and len(digits) <= MAX_INT_DIGITS)
         ):
             raise _refuse(self.text, "Float takes a plain decimal")
-        return f"'{body}'" if quoted else body
+        return (f"'{body}'" if quoted else body), expr_size.of_decimal(digits)
 
     def keywords(self, allowed: frozenset[str]) -> list[str]:
         out = []
@@ -280,7 +452,10 @@ class _Parser:
             if value.text in ("True", "False"):
                 out.append(f"{key.text}={value.text}")
             elif value.kind == "num" and value.text.isdigit():
-                out.append(f"{key.text}={self.number(value.text)}")
+                number = self.number(value.text).text
+                if key.text == "precision" and int(number) > MAX_PRECISION:
+                    raise _refuse(self.text, f"a Float's precision is at most {MAX_PRECISION} bits")
+                out.append(f"{key.text}={number}")
             else:
                 raise _refuse(self.text, f"keyword {key.text} takes True, False or an integer")
         return out
