@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from service.check_folder import CheckFolder
+from service.check_gate import CheckGate, check_capacity
 from service.core.config import Settings
 from service.warm_checkers import WarmCheckers, WarmChild
 from tuner.contract.exit_codes import ExitCode
@@ -124,7 +125,9 @@ def analysis_limits(settings: Settings) -> AnalysisLimits:
 def program_analysis(settings: Settings) -> ProgramAnalysis:
     """The service's checker, with its limits read once from the settings."""
     limits = analysis_limits(settings)
-    return ProgramAnalysis(settings.data_dir / "analysis", limits, warm=settings.warm_checkers)
+    gate = CheckGate(check_capacity(settings))
+    root = settings.data_dir / "analysis"
+    return ProgramAnalysis(root, limits, warm=settings.warm_checkers, gate=gate)
 
 
 @dataclass(frozen=True)
@@ -146,15 +149,23 @@ class ProgramAnalysis:
 
     With `warm` > 0 that many children wait, started ahead (`service.warm_checkers`), between
     `start` and `close`; a check without one starts its own. `module` is the checking program
-    (`python -m MODULE`), replaceable for tests that need a child to misbehave.
+    (`python -m MODULE`), replaceable for tests that need a child to misbehave. `gate` bounds
+    the checks running at once (`service.check_gate`; the service always has one); a check of
+    a worker's result is marked `result` and goes ahead of waiting uploads.
     """
 
     def __init__(
-        self, root: Path, limits: AnalysisLimits, warm: int = 0, module: str = INSPECT
+        self,
+        root: Path,
+        limits: AnalysisLimits,
+        warm: int = 0,
+        module: str = INSPECT,
+        gate: CheckGate | None = None,
     ) -> None:
         self.root = root
         self.limits = limits
         self.module = module
+        self.gate = gate
         self.pool = WarmCheckers(warm, self._spawn_warm) if warm > 0 else None
         self.recent: deque[CheckRun] = deque(maxlen=64)
 
@@ -194,8 +205,17 @@ class ProgramAnalysis:
             raise
         return proc, folder
 
-    def _run(self, args: list[str], files: dict[str, Path], what: str) -> dict[str, Any]:
-        """`python -m MODULE ARGS --out result.json` with `files` in the child's `in/`."""
+    def _run(
+        self, args: list[str], files: dict[str, Path], what: str, result: bool = False
+    ) -> dict[str, Any]:
+        """`python -m MODULE ARGS --out result.json` with `files` in the child's `in/`, once
+        the gate gives the check a slot (ChecksBusy where it does not)."""
+        if self.gate is None:
+            return self._run_now(args, files, what)
+        with self.gate.slot(result):
+            return self._run_now(args, files, what)
+
+    def _run_now(self, args: list[str], files: dict[str, Path], what: str) -> dict[str, Any]:
         started = time.monotonic()
         child = self.pool.take() if self.pool is not None else None
         was_ready = child is not None and child.ready
@@ -268,13 +288,24 @@ class ProgramAnalysis:
         finally:
             child.stop()
 
-    def fingerprint(self, path: Path, what: str = "the uploaded program") -> str:
-        """The upload's fingerprint, after its schema, operators and resource bounds passed."""
-        result = self._run(["fingerprint", "program.pt2"], {"program.pt2": path}, what)
-        return str(result["fingerprint"])
+    def fingerprint(
+        self, path: Path, what: str = "the uploaded program", result: bool = False
+    ) -> str:
+        """The upload's fingerprint, after its schema, operators and resource bounds passed
+        (`result`: needed to check a worker's result)."""
+        answer = self._run(["fingerprint", "program.pt2"], {"program.pt2": path}, what, result)
+        return str(answer["fingerprint"])
 
     def check_loadable(self, path: Path, what: str = "the tuned program") -> None:
-        self._run(["load", "program.pt2"], {"program.pt2": path}, what)
+        self._run(["load", "program.pt2"], {"program.pt2": path}, what, result=True)
+
+    def check_runtime(self, path: Path, runtime: str, what: str) -> str | None:
+        """Refuse a runtime artifact (an ONNX file, an OpenVINO IR zip) that is not data alone
+        (`tuner.checks.runtime_artifact`); None when it passed, else why it could not be
+        checked here (the caller then does not store it)."""
+        args = ["runtime", runtime, "artifact"]
+        answer = self._run(args, {"artifact": path}, what, result=True)
+        return None if answer.get("checked") else str(answer.get("reason") or "not checked")
 
     def verify(self, original: Path, tuned: Path, config: dict[str, Any], what: str) -> None:
         """Refuse a tuned program whose outputs differ from the original's on fresh inputs."""
@@ -284,7 +315,7 @@ class ProgramAnalysis:
             f.flush()
             files = {"original.pt2": original, "tuned.pt2": tuned, "config.json": Path(f.name)}
             args = ["verify", "original.pt2", "tuned.pt2", "--config", "config.json"]
-            result = self._run(args, files, what)
+            result = self._run(args, files, what, result=True)
         if result.get("mismatch"):
             raise UnloadableProgram(
                 f"{what} does not answer as the original upload does: {result['mismatch']}"

@@ -30,11 +30,13 @@ from service.api.excerpts import MAX_DETAIL_CHARS, bounded_errors, excerpt
 from service.api.main import api_router
 from service.api.routes import health
 from service.artifacts import ArtifactStore
+from service.check_gate import ChecksBusy
 from service.core.config import Settings, get_settings
 from service.dashboard import mount as mount_dashboard
 from service.db.engine import make_engine
 from service.db.migrate import upgrade_to_head
-from service.store import NotFound, QueuePolicy, StaleLease, StoreError
+from service.quotas import QuotaLimits, Quotas, retry_after
+from service.store import NotFound, OverQuota, QueuePolicy, StaleLease, StoreError
 from service.store.abstract import AbstractStore
 from service.store.sqlalchemy_store import SqlAlchemyStore
 
@@ -65,6 +67,19 @@ async def reap_forever(store: AbstractStore, interval_s: float) -> None:
             log.warning("requeued %d job(s) with expired leases", reaped)
 
 
+def log_access_mode(settings: Settings, analysis: ProgramAnalysis) -> None:
+    """Say at start-up who may come in, and how many checks run at once."""
+    if settings.token is None:
+        log.warning(
+            "no-token mode: FXTUNE_API_TOKEN is not set, so only loopback clients get in, "
+            "without a token (reads and writes); set FXTUNE_API_TOKEN to serve anyone else"
+        )
+    else:
+        log.info("FXTUNE_API_TOKEN is set: every read and write needs it, from any address")
+    if analysis.gate is not None:
+        log.info("checks of uploads and results: %s", analysis.gate.capacity.describe())
+
+
 def create_app(
     settings: Settings | None = None,
     checks: Callable[[Settings], ProgramAnalysis] = program_analysis,
@@ -87,9 +102,11 @@ def create_app(
         app.state.store = store
         app.state.artifacts = artifacts
         app.state.config_cache = ConfigCache(settings.config_cache_ttl_s)
+        app.state.quotas = Quotas(QuotaLimits.from_settings(settings))
         analysis = checks(settings)
         await run_in_threadpool(analysis.start)
         app.state.analysis = analysis
+        log_access_mode(settings, analysis)
         reaper = asyncio.create_task(reap_forever(store, settings.reap_interval_s))
         try:
             yield
@@ -149,6 +166,18 @@ def _add_error_handlers(app: FastAPI) -> None:
             exc = StarletteHTTPException(exc.status_code, cut, exc.headers)
         return await http_exception_handler(request, exc)
 
+    def over_quota(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, OverQuota)
+        headers = {"Retry-After": str(retry_after(exc))}
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers=headers)
+
+    def checks_busy(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ChecksBusy)
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers=headers)
+
+    app.add_exception_handler(OverQuota, over_quota)
+    app.add_exception_handler(ChecksBusy, checks_busy)
     app.add_exception_handler(NotFound, store_error)
     app.add_exception_handler(StaleLease, store_error)
     app.add_exception_handler(StoreError, store_error)

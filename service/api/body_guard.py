@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import bearer, require_reader, require_worker, require_writer
 
-AuthCheck = Callable[..., Awaitable[None]]
+AuthCheck = Callable[..., Awaitable[object]]
 # The auth dependencies that decide from headers alone (token, client address), so they can run
 # before the body; (request, settings, credentials) is their signature.
 HEADER_CHECKS: frozenset[AuthCheck] = frozenset({require_reader, require_writer, require_worker})

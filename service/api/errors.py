@@ -18,8 +18,10 @@ DESCRIPTIONS = {
     413: "The upload is larger than the configured limit",
     415: "Not multipart/form-data, or not a torch.export .pt2 archive",
     422: "Invalid parameters or body, or an upload or result that fails validation",
+    429: "A quota of this token (FXTUNE_QUOTA_*) is used up; Retry-After says when to retry",
     500: "Checking the file failed with an internal error (the server's fault; nothing stored)",
-    503: "The database does not answer, or the upload checker cannot run here",
+    503: "The database does not answer, the upload checker cannot run here, or every check "
+    "slot is taken and the queue is full (Retry-After); nothing stored",
 }
 
 
@@ -27,9 +29,19 @@ class ErrorOut(BaseModel):
     detail: Any = Field(description="A message, or a list of field errors")
 
 
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds after which the request may pass",
+        "schema": {"type": "integer"},
+    }
+}
+
+
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """`responses=` for a route: 403 always (the Host check applies to every request)."""
-    return {
-        code: {"model": ErrorOut, "description": DESCRIPTIONS[code]}
-        for code in sorted({403, *codes})
-    }
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in sorted({403, *codes}):
+        out[code] = {"model": ErrorOut, "description": DESCRIPTIONS[code]}
+        if code in (429, 503):
+            out[code]["headers"] = RETRY_AFTER
+    return out

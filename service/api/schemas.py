@@ -112,6 +112,11 @@ class JobOut(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    run_seconds: list[float] | None = Field(
+        default=None,
+        description="Wall time of each attempt's tuning run that its worker reported, seconds "
+        "(a run is stopped at its budget plus 60 s)",
+    )
 
     @classmethod
     def of(cls, j: Job) -> JobOut:
@@ -255,8 +260,31 @@ class FailIn(BaseModel):
     retryable: bool = Field(
         default=True, description="False for errors another attempt cannot fix (bad model)"
     )
+    run_s: float | None = Field(default=None, ge=0, le=1e7, description="The run's wall time")
 
 
 class Health(BaseModel):
     status: Literal["ok"]
     schema_revision: str
+
+
+class UseOut(BaseModel):
+    used: int
+    limit: int | None = Field(description="None: no limit")
+
+
+class ChecksOut(BaseModel):
+    running: int = Field(description="Checks of uploads and results running now")
+    waiting: int = Field(description="Checks waiting for a slot")
+    slots: int = Field(description="Checks that may run at once")
+    queue: int = Field(description="Upload checks that may wait; past it an upload gets 503")
+
+
+class QuotaOut(BaseModel):
+    """The caller's use of its quotas (FXTUNE_QUOTA_*) and the service's check slots."""
+
+    identity: str = Field(description='A hash of the caller\'s token, or "loopback"')
+    active_jobs: UseOut = Field(description="Jobs queued or running")
+    stored_bytes: UseOut = Field(description="Bytes of the uploads stored for this caller")
+    uploads_per_minute: UseOut = Field(description="Uploads started in the last 60 s")
+    checks: ChecksOut | None = Field(description="None: this service runs checks unbounded")

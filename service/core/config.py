@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -77,6 +77,52 @@ class Settings(BaseSettings):
         "upload's check does not wait for one to start (each checks once, then exits); 0: each "
         "check starts its own",
     )
+    analysis_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Checks (of uploads and results) running at once; default: half the cores "
+        "this process may use, at least 1. Lowered where that many caps of "
+        "FXTUNE_ANALYSIS_MEMORY_MB would not fit in FXTUNE_ANALYSIS_TOTAL_MEMORY_MB",
+    )
+    analysis_queue: int | None = Field(
+        default=None,
+        ge=0,
+        description="Upload checks that may wait for a running one to end; an upload past it "
+        "gets 503 with Retry-After, and nothing is stored. Default: twice the concurrency",
+    )
+    analysis_queue_wait_s: float = Field(
+        default=60,
+        gt=0,
+        description="Longest an upload's check waits in that queue before its 503",
+    )
+    analysis_total_memory_mb: int | None = Field(
+        default=None,
+        ge=512,
+        description="Bound on the address-space caps of the checks running at once "
+        "(concurrency x FXTUNE_ANALYSIS_MEMORY_MB); default: half the physical memory, and at "
+        "least one check's cap",
+    )
+    session_hours: float = Field(
+        default=12,
+        gt=0,
+        description="How long a dashboard sign-in (its session cookie) stays valid",
+    )
+    quota_active_jobs: int = Field(
+        default=20,
+        ge=0,
+        description="Queued and running jobs per token (0: no limit); past it 429",
+    )
+    quota_stored_mb: float = Field(
+        default=10240,
+        ge=0,
+        description="Bytes of uploads stored per token, in MiB (0: no limit); past it 429",
+    )
+    quota_uploads_per_minute: int = Field(
+        default=30,
+        ge=0,
+        description="Uploads per token in any 60 s, counted per service process (0: no "
+        "limit); past it 429 with Retry-After",
+    )
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod
@@ -84,6 +130,16 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [h.strip().lower() for h in value.split(",") if h.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _one_check_fits(self) -> Settings:
+        total = self.analysis_total_memory_mb
+        if total is not None and total < self.analysis_memory_mb:
+            raise ValueError(
+                f"FXTUNE_ANALYSIS_TOTAL_MEMORY_MB ({total}) is less than one check's cap, "
+                f"FXTUNE_ANALYSIS_MEMORY_MB ({self.analysis_memory_mb}): no check could run"
+            )
+        return self
 
     @property
     def resolved_database_url(self) -> str:

@@ -10,10 +10,11 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from service.dashboard.auth import LoginRequired
-from service.dashboard.routes import STATIC_DIR, login_page, router
+from service.dashboard.routes import STATIC_DIR, login_page, router, sign_in
 
 
 def mount(app: FastAPI) -> None:
+    app.include_router(sign_in)
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_exception_handler(LoginRequired, login_page)

@@ -75,6 +75,9 @@ class ModelRow(Base):
     name: Mapped[str] = mapped_column(String(255))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The caller identity its bytes are charged to (`service.api.identity`); None: stored
+    # before quotas.
+    owner: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     configs: Mapped[list[TunedConfigRow]] = relationship(back_populates="model")
@@ -86,6 +89,7 @@ class JobRow(Base):
         CheckConstraint(f"status IN {JOB_STATUSES!r}", name="status"),
         CheckConstraint(f"mode IN {MODES!r}", name="mode"),
         Index("ix_jobs_claim", "status", "device", "not_before"),
+        Index("ix_jobs_owner", "owner", "status"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -112,6 +116,10 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     worker_id: Mapped[str | None] = mapped_column(String(255))
     worker_hardware: Mapped[dict[str, Any] | None]
+    # Seconds each attempt's tuning child ran, as its worker reported (None: none reported).
+    run_seconds: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    # The caller identity that queued it, for its quota of active jobs; None: before quotas.
+    owner: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]

@@ -6,12 +6,13 @@ from service.store.entities import (
     ConfigSummary,
     Job,
     Model,
+    OwnerUsage,
     Profile,
     QueuePolicy,
     StoredConfig,
     TuningResult,
 )
-from service.store.errors import NotFound, StaleLease, StoreError
+from service.store.errors import NotFound, OverQuota, StaleLease, StoreError
 
 __all__ = [
     "AbstractStore",
@@ -20,6 +21,8 @@ __all__ = [
     "Job",
     "Model",
     "NotFound",
+    "OverQuota",
+    "OwnerUsage",
     "Profile",
     "QueuePolicy",
     "StaleLease",

@@ -11,6 +11,7 @@ from service.store.entities import (
     ConfigSummary,
     Job,
     Model,
+    OwnerUsage,
     QueuePolicy,
     StoredConfig,
     TuningResult,
@@ -24,9 +25,22 @@ class AbstractStore(ABC):
 
     @abstractmethod
     def add_model(
-        self, sha256: str, name: str, size_bytes: int, fingerprint: str | None = None
+        self,
+        sha256: str,
+        name: str,
+        size_bytes: int,
+        fingerprint: str | None = None,
+        owner: str | None = None,
+        max_owner_bytes: int | None = None,
     ) -> tuple[Model, bool]:
-        """Register uploaded bytes; the same sha256 again returns the existing model (False)."""
+        """Register uploaded bytes; the same sha256 again returns the existing model (False).
+
+        New bytes are charged to `owner`; OverQuota where they would take its stored bytes
+        past `max_owner_bytes` (checked and charged in one transaction)."""
+
+    @abstractmethod
+    def owner_usage(self, owner: str) -> OwnerUsage:
+        """The active jobs and stored upload bytes charged to `owner`."""
 
     @abstractmethod
     def get_model(self, model_id: int) -> Model: ...
@@ -53,11 +67,15 @@ class AbstractStore(ABC):
         rank_models: list[int] | None = None,
         mode: str = "infer",
         optimizer: str | None = None,
+        owner: str | None = None,
+        max_owner_active: int | None = None,
     ) -> tuple[Job, bool]:
         """Queue a tuning job; an unfinished job for the same model, device, ranks, mode and
         optimizer is reused.
 
-        A distributed job (`world_size` > 1) names every rank's model, rank 0's first."""
+        A distributed job (`world_size` > 1) names every rank's model, rank 0's first. A new
+        job is charged to `owner`; OverQuota where its queued and running jobs would pass
+        `max_owner_active` (a reused job adds nothing)."""
 
     @abstractmethod
     def get_job(self, job_id: int) -> Job: ...
@@ -104,9 +122,11 @@ class AbstractStore(ABC):
         result: TuningResult,
         now: datetime | None = None,
         other_ranks: dict[int, TuningResult] | None = None,
+        run_s: float | None = None,
     ) -> tuple[Job, StoredConfig]:
         """Store the job's config; `other_ranks` (model id -> result): a distributed job's
-        configs for ranks 1.. (their own models), stored in the same transaction."""
+        configs for ranks 1.. (their own models), stored in the same transaction. `run_s`: the
+        attempt's wall time, added to the job's `run_seconds`."""
 
     @abstractmethod
     def fail_job(
@@ -116,8 +136,10 @@ class AbstractStore(ABC):
         error: str,
         retryable: bool,
         now: datetime | None = None,
+        run_s: float | None = None,
     ) -> Job:
-        """Record a failed attempt: requeue with backoff while attempts remain, else `failed`."""
+        """Record a failed attempt: requeue with backoff while attempts remain, else `failed`;
+        `run_s` as for `complete_job`."""
 
     @abstractmethod
     def requeue_expired(self, now: datetime | None = None) -> int:

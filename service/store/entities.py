@@ -42,6 +42,7 @@ class Job:
     mode: str = "infer"  # "train": a training step is tuned (tuner.tuning.train)
     optimizer: str | None = None  # with mode "train": stepped each timed step (None: none)
     worker_hardware: dict[str, Any] | None = None  # what the last claiming worker declared
+    run_seconds: list[float] | None = None  # each reported attempt's tuning child, seconds
 
     @property
     def worker_sandbox(self) -> str | None:
@@ -115,6 +116,14 @@ class TuningResult:
     profiles: tuple[Profile, ...] = ()
     mode: str = "infer"
     optimizer: str | None = None  # a training config's optimizer (None: gradients only)
+
+
+@dataclass(frozen=True)
+class OwnerUsage:
+    """What one caller identity holds: the quotas' measure (`service.quotas`)."""
+
+    active_jobs: int  # queued or running
+    stored_bytes: int  # of the uploads it stored first (the same bytes again add nothing)
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, or_, select
+from sqlalchemy import Engine, func, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -26,12 +27,13 @@ from service.store.entities import (
     ConfigSummary,
     Job,
     Model,
+    OwnerUsage,
     Profile,
     QueuePolicy,
     StoredConfig,
     TuningResult,
 )
-from service.store.errors import NotFound, StaleLease
+from service.store.errors import NotFound, OverQuota, StaleLease
 
 T = TypeVar("T")
 ACTIVE = ("queued", "running")
@@ -60,7 +62,13 @@ class SqlAlchemyStore(AbstractStore):
     # models
 
     def add_model(
-        self, sha256: str, name: str, size_bytes: int, fingerprint: str | None = None
+        self,
+        sha256: str,
+        name: str,
+        size_bytes: int,
+        fingerprint: str | None = None,
+        owner: str | None = None,
+        max_owner_bytes: int | None = None,
     ) -> tuple[Model, bool]:
         def attempt() -> tuple[Model, bool]:
             with self._tx(write=True) as s:
@@ -69,8 +77,23 @@ class SqlAlchemyStore(AbstractStore):
                     if row.fingerprint is None and fingerprint is not None:
                         row.fingerprint = fingerprint  # a row from before uploads were loaded
                     return _model(row), False
+                if owner is not None and max_owner_bytes is not None:
+                    _lock_owner(s, owner)
+                    stored = _stored_bytes(s, owner)
+                    if stored + size_bytes > max_owner_bytes:
+                        raise OverQuota(
+                            f"storing these {_mib(size_bytes)} would take this token's uploads "
+                            f"to {_mib(stored + size_bytes)}, past its quota of "
+                            f"{_mib(max_owner_bytes)} (FXTUNE_QUOTA_STORED_MB); nothing was "
+                            "stored",
+                            "stored_bytes",
+                        )
                 row = ModelRow(
-                    sha256=sha256, name=name, size_bytes=size_bytes, fingerprint=fingerprint
+                    sha256=sha256,
+                    name=name,
+                    size_bytes=size_bytes,
+                    fingerprint=fingerprint,
+                    owner=owner,
                 )
                 s.add(row)
                 s.flush()
@@ -94,6 +117,15 @@ class SqlAlchemyStore(AbstractStore):
                 row.fingerprint = fingerprint
             return _model(row)
 
+    def owner_usage(self, owner: str) -> OwnerUsage:
+        with self._tx() as s:
+            active = s.scalar(
+                select(func.count())
+                .select_from(JobRow)
+                .where(JobRow.owner == owner, JobRow.status.in_(ACTIVE))
+            )
+            return OwnerUsage(active_jobs=active or 0, stored_bytes=_stored_bytes(s, owner))
+
     def list_models(self, limit: int = 100, offset: int = 0) -> list[Model]:
         with self._tx() as s:
             q = select(ModelRow).order_by(ModelRow.id.desc()).limit(limit).offset(offset)
@@ -111,6 +143,8 @@ class SqlAlchemyStore(AbstractStore):
         rank_models: list[int] | None = None,
         mode: str = "infer",
         optimizer: str | None = None,
+        owner: str | None = None,
+        max_owner_active: int | None = None,
     ) -> tuple[Job, bool]:
         with self._tx(write=True) as s:
             # Locking the model row serialises enqueues per model, so "reuse the active job"
@@ -137,7 +171,22 @@ class SqlAlchemyStore(AbstractStore):
             )
             if active is not None:
                 return _job(active), False
+            if owner is not None and max_owner_active is not None:
+                _lock_owner(s, owner)
+                count = s.scalar(
+                    select(func.count())
+                    .select_from(JobRow)
+                    .where(JobRow.owner == owner, JobRow.status.in_(ACTIVE))
+                )
+                if (count or 0) >= max_owner_active:
+                    raise OverQuota(
+                        f"this token has {count} jobs queued or running, its quota "
+                        f"(FXTUNE_QUOTA_ACTIVE_JOBS={max_owner_active}); queue more once some "
+                        "have finished",
+                        "active_jobs",
+                    )
             row = JobRow(
+                owner=owner,
                 model_id=model_id,
                 device=device,
                 budget_s=budget_s,
@@ -243,6 +292,7 @@ class SqlAlchemyStore(AbstractStore):
         result: TuningResult,
         now: datetime | None = None,
         other_ranks: dict[int, TuningResult] | None = None,
+        run_s: float | None = None,
     ) -> tuple[Job, StoredConfig]:
         now = now or utcnow()
 
@@ -260,6 +310,7 @@ class SqlAlchemyStore(AbstractStore):
                 job.lease_token = None
                 job.lease_expires_at = None
                 job.finished_at = now
+                _add_run(job, run_s)
                 s.flush()
                 return _job(job), _config(config)
 
@@ -314,10 +365,12 @@ class SqlAlchemyStore(AbstractStore):
         error: str,
         retryable: bool,
         now: datetime | None = None,
+        run_s: float | None = None,
     ) -> Job:
         now = now or utcnow()
         with self._tx(write=True) as s:
             row = _leased(s, job_id, lease_token)
+            _add_run(row, run_s)
             self._end_attempt(row, error, retryable, now)
             s.flush()
             return _job(row)
@@ -414,6 +467,23 @@ class SqlAlchemyStore(AbstractStore):
             return [_summary(r) for r in s.scalars(q)]
 
 
+def _lock_owner(s: Session, owner: str) -> None:
+    """Serialise quota checks of one owner until the transaction ends: PostgreSQL takes an
+    advisory lock on a hash of the name; SQLite's write transactions are serial already."""
+    if s.get_bind().dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(owner.encode()).digest()[:8], "big", signed=True)
+        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
+def _stored_bytes(s: Session, owner: str) -> int:
+    total = s.scalar(select(func.sum(ModelRow.size_bytes)).where(ModelRow.owner == owner))
+    return int(total or 0)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
 def _mode_word(mode: str) -> str:
     return "" if mode == "infer" else f"{mode}ing "
 
@@ -441,6 +511,12 @@ def _model(r: ModelRow) -> Model:
     return Model(r.id, r.sha256, r.name, r.size_bytes, r.fingerprint, r.created_at)
 
 
+def _add_run(row: JobRow, run_s: float | None) -> None:
+    """Append an attempt's wall time (a new list: JSON columns see assignments, not edits)."""
+    if run_s is not None:
+        row.run_seconds = [*(row.run_seconds or []), round(run_s, 2)]
+
+
 def _job(r: JobRow) -> Job:
     return Job(
         id=r.id,
@@ -466,6 +542,7 @@ def _job(r: JobRow) -> Job:
         mode=r.mode,
         optimizer=r.optimizer,
         worker_hardware=r.worker_hardware,
+        run_seconds=r.run_seconds,
     )
 
 

@@ -1,9 +1,10 @@
-"""Web pages against a service without FXTUNE_API_TOKEN, in real headless Chromium.
+"""Web pages against the service, in real headless Chromium.
 
 A page from another local origin (127.0.0.2, its own HTTP server) auto-submits a multipart upload
 form to the service, as any site a user visits could; and a page whose name resolves to 127.0.0.1
 (DNS rebinding, simulated with Chromium's host resolver rules) reads the API. Both are refused,
-while the same bytes from a non-browser client are accepted.
+while the same bytes from a non-browser client are accepted. With a token, a browser signed in
+to the dashboard holds a session cookie; another site's page can neither read with it nor write.
 """
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ pytestmark = pytest.mark.e2e
 ATTACKER_HOST = "127.0.0.2"
 REBOUND_NAME = "attacker.example"
 
+TOKEN = "attack-s3cret"
+# A signed-in user visits this page: it reads the API with the user's cookies, then posts a form.
+SESSION_ATTACK_PAGE = """<!doctype html>
+<html><body>
+<form id="f" method="post" enctype="multipart/form-data" action="{action}">
+  <input type="file" name="file"><input type="hidden" name="name" value="planted">
+</form>
+<script>
+  fetch("{read}", {{credentials: "include", mode: "no-cors"}}).finally(() => {{
+    const box = new DataTransfer();
+    box.items.add(new File([new Uint8Array([80, 75, 5, 6])], "planted.pt2"));
+    document.querySelector("input[type=file]").files = box.files;
+    document.getElementById("f").submit();
+  }});
+</script>
+</body></html>
+"""
 ATTACK_PAGE = """<!doctype html>
 <html><body>
 <form id="f" method="post" enctype="multipart/form-data" action="{action}">
@@ -169,3 +187,46 @@ def test_the_host_header_must_name_the_service(tmp_path: Path) -> None:
         for host in (f"localhost:{port}", f"[::1]:{port}", f"fxtune.internal:{port}"):
             resp = httpx.get(f"{url}/api/v1/models", headers={"Host": host})
             assert resp.status_code == 200, host
+
+
+def test_another_site_cannot_use_a_signed_in_session(chromium: str, tmp_path: Path) -> None:
+    """SameSite=Strict: a read the other site starts goes without the cookie (401), and its
+    form upload is refused (a cross-site write, and a cookie authorises no write anyway)."""
+    env = fxtune_env(
+        FXTUNE_DATA_DIR=str(tmp_path / "data"),
+        FXTUNE_DATABASE_URL=f"sqlite:///{tmp_path / 'fxtune.db'}",
+        FXTUNE_API_TOKEN=TOKEN,
+        FXTUNE_WARM_CHECKERS="0",
+    )
+    from playwright.sync_api import sync_playwright
+
+    with serve_process(env, tmp_path / "serve.log") as service, sync_playwright() as pw:
+        html = SESSION_ATTACK_PAGE.format(
+            action=f"{service}/api/v1/models", read=f"{service}/api/v1/models"
+        )
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{service}/login")
+            page.fill("#login-token", TOKEN)
+            page.click("#login-form button[type=submit]")
+            page.wait_for_url(f"{service}/")
+            assert page.context.request.get(f"{service}/api/v1/models").status == 200
+            answers: list[Any] = []
+            page.on("response", lambda r: answers.append(r) if "/api/v1/" in r.url else None)
+            with (
+                attacker_site(html) as attack_url,
+                page.expect_response(
+                    lambda r: r.url == f"{service}/api/v1/models" and r.request.method == "POST"
+                ),
+            ):
+                page.goto(attack_url)
+            read = next(r for r in answers if r.request.method == "GET")
+            assert "cookie" not in read.request.all_headers()
+            assert read.status == 401
+            write = next(r for r in answers if r.request.method == "POST")
+            assert write.status in (401, 403) and "cookie" not in write.request.all_headers()
+        finally:
+            browser.close()
+        listed = httpx.get(f"{service}/api/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert listed.json() == []

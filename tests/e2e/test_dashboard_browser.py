@@ -221,9 +221,13 @@ def check_downloads(tab: Tab, module: torch.nn.Module, tmp_path: Path) -> None:
     torch.testing.assert_close(tuned(x), module(x))
 
 
-def test_upload_with_a_token_from_the_header_form(
+def test_sign_in_then_upload_with_the_token_typed_into_the_form(
     tab: Tab, program: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:
+    """With a token, the dashboard asks for a sign-in from loopback too. The session cookie it
+    gets is HttpOnly and SameSite=Strict, nothing of the token lands where a page script can
+    read it, the page's own reads (job polling) work through the cookie, and the upload form
+    sends the token typed into it, once."""
     env = fxtune_env(
         FXTUNE_DATA_DIR=str(tmp_path / "data"),
         FXTUNE_API_TOKEN=TOKEN,
@@ -231,18 +235,45 @@ def test_upload_with_a_token_from_the_header_form(
     )
     page = tab.page
     with serve_process(env, tmp_path / "serve.log") as url:
-        page.goto(url + "/")
-        upload_through_form(page, program[0], "needs-token")
-        page.wait_for_selector("#upload-result.error")
-        assert "401" in page.inner_text("#upload-result")
-        tab.errors.clear()  # the browser logs the refused request itself
+        first = page.goto(url + "/models/1?device=cpu")
+        assert first is not None and first.status == 401
+        assert page.locator("#login-form").is_visible()
+        page.fill("#login-token", "a wrong guess")
+        page.click("#login-form button[type=submit]")
+        page.wait_for_selector("#login-detail:has-text('invalid API token')")
+        tab.errors.clear()  # the browser logs the refused page loads itself
 
-        page.fill("#token-input", TOKEN)
-        page.click("#token-form button[type=submit]")
-        page.wait_for_selector("#token-state:has-text('token set')")
+        page.fill("#login-token", TOKEN)
+        page.click("#login-form button[type=submit]")
+        page.wait_for_url(f"{url}/models/1?device=cpu")  # back where it was going (a 404 page)
+        page.goto(url + "/")
+        tab.errors.clear()  # and the 404
+        assert page.locator("#quota-table tr[data-quota=active_jobs]").count() == 1
+        (cookie,) = tab.context.cookies()
+        assert cookie["name"] == "fxtune_session" and TOKEN not in cookie["value"]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert page.evaluate("document.cookie") == ""
+        stored = "JSON.stringify([{...sessionStorage}, {...localStorage}])"
+        assert page.evaluate(stored) == "[{},{}]"
+        assert TOKEN not in page.content()
+
+        page.fill("#upload-form input[name=api_token]", TOKEN)
         upload_through_form(page, program[0], "with-token")
         page.wait_for_selector("#upload-result:has-text('job #')", timeout=UPLOADED_MS)
+        assert page.input_value("#upload-form input[name=api_token]") == ""
+        assert page.evaluate(stored) == "[{},{}]"
         jobs = httpx.get(f"{url}/api/v1/jobs", headers={"Authorization": f"Bearer {TOKEN}"})
         assert [j["status"] for j in jobs.json()] == ["queued"]
-        assert page.locator("#jobs-table tr[data-job-id]").count() == 1
+        row = page.locator("#jobs-table tr[data-job-id]")
+        assert row.count() == 1
+        page.wait_for_timeout(2500)  # two polls of the job, through the cookie
+        assert "cannot follow job" not in row.inner_text()
+        assert httpx.get(f"{url}/api/v1/jobs").status_code == 401  # not without it
+
+        page.click("#logout-form button[type=submit]")
+        page.wait_for_url(f"{url}/login")
+        assert tab.context.cookies() == []
+        again = page.goto(url + "/")
+        assert again is not None and again.status == 401
+        tab.errors.clear()
         page.goto("about:blank")  # its polling stops before the service does

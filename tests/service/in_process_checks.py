@@ -20,6 +20,7 @@ from typing import Any
 
 from service.analysis import Outcome, ProgramAnalysis, analysis_limits
 from service.check_folder import CheckFolder
+from service.check_gate import CheckGate, check_capacity
 from service.core.config import Settings
 from tuner.checks.inspect import main as inspect
 from tuner.host.sandbox import ChildResult, error_line
@@ -45,5 +46,7 @@ class InProcessChecks(ProgramAnalysis):
 
 
 def in_process_checks(settings: Settings) -> ProgramAnalysis:
-    """For `create_app(settings, checks=in_process_checks)`: no warm children."""
-    return InProcessChecks(settings.data_dir / "analysis", analysis_limits(settings))
+    """For `create_app(settings, checks=in_process_checks)`: no warm children; the service's
+    own gate on how many checks run at once."""
+    gate = CheckGate(check_capacity(settings))
+    return InProcessChecks(settings.data_dir / "analysis", analysis_limits(settings), gate=gate)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service.api.identity import SESSION_COOKIE
 from service.core.config import Settings
 from service.dashboard import format as fmt
-from service.dashboard.auth import TOKEN_COOKIE
 from service.main import create_app
 from tests.service.dashboard_pages import (
     ELSEWHERE,
@@ -250,22 +250,25 @@ def token_app(tmp_path: Path) -> Any:
     return create_app(settings, checks=in_process_checks)
 
 
-def test_pages_respect_the_token_and_take_it_from_the_session_cookie(token_app: Any) -> None:
-    with TestClient(token_app, base_url=LOCAL, client=LOOPBACK) as local:
-        assert local.get("/").status_code == 200  # reads from loopback need no token
-    with TestClient(token_app, base_url=LOCAL, client=ELSEWHERE) as remote:
-        refused = remote.get("/")
-        assert refused.status_code == 401 and "token-form" in refused.text
-        assert remote.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-        remote.cookies.set(TOKEN_COOKIE, "wrong")
-        assert remote.get("/").status_code == 403
-        remote.cookies.set(TOKEN_COOKIE, TOKEN)
-        assert remote.get("/").status_code == 200
-        assert remote.get("/static/dashboard.js").status_code == 200
-        # The cookie opens pages only; the API still wants the header, writes above all.
-        assert remote.get("/api/v1/models").status_code == 401
-        write = remote.post("/api/v1/models", files={"file": ("x.pt2", b"zip")})
-        assert write.status_code == 401
+def test_pages_need_a_sign_in_from_any_address(token_app: Any) -> None:
+    """Loopback included; the session cookie the sign-in sets opens pages and the API's reads,
+    never a write (tests/service/test_read_auth.py has every route)."""
+    for host in (LOOPBACK, ELSEWHERE):
+        with TestClient(token_app, base_url=LOCAL, client=host) as browser:
+            refused = browser.get("/models/1?device=cpu")
+            assert refused.status_code == 401 and 'id="login-form"' in refused.text
+            assert 'name="next" value="/models/1?device=cpu"' in refused.text
+            assert browser.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+            browser.cookies.set(SESSION_COOKIE, TOKEN)  # the token itself is no session
+            assert browser.get("/").status_code == 401
+            browser.cookies.clear()
+            signed = browser.post("/login", data={"token": TOKEN}, follow_redirects=False)
+            assert signed.status_code == 303 and signed.headers["location"] == "/"
+            assert browser.get("/").status_code == 200
+            assert browser.get("/static/dashboard.js").status_code == 200
+            assert browser.get("/api/v1/models").status_code == 200
+            write = browser.post("/api/v1/models", files={"file": ("x.pt2", b"zip")})
+            assert write.status_code == 401
 
 
 def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
@@ -275,7 +278,7 @@ def test_without_a_token_only_loopback_sees_pages(tmp_path: Path) -> None:
     ) as remote:
         resp = remote.get("/")
         assert resp.status_code == 403 and "only accepts requests from loopback" in resp.text
-        assert "token-form" not in resp.text
+        assert "login-form" not in resp.text
 
 
 @contextmanager

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -11,7 +13,7 @@ from service.db.engine import make_engine
 from service.db.migrate import upgrade_to_head
 from service.db.models import utcnow
 from service.reports import tuning_result
-from service.store import NotFound, QueuePolicy, StaleLease, TuningResult
+from service.store import NotFound, OverQuota, OwnerUsage, QueuePolicy, StaleLease, TuningResult
 from service.store.sqlalchemy_store import SqlAlchemyStore
 from tests.service.fakes import FINGERPRINT, config, training_config
 
@@ -248,3 +250,54 @@ def test_a_distributed_result_stores_a_config_for_every_rank(store: SqlAlchemySt
     assert store.get_config(ranks[0], "cpu").summary.speedup == 1.5
     assert store.get_config(ranks[1], "cpu").summary.speedup == 2.0
     assert store.get_config(ranks[1], "cpu").summary.job_id == claim.job.id
+
+
+def test_uploads_and_jobs_are_charged_to_their_owner_within_its_quota(
+    store: SqlAlchemyStore,
+) -> None:
+    """Bytes count once, for who stored them first; a reused job costs nothing; the quota is
+    checked in the transaction that charges it, and a refusal stores nothing."""
+    a, _ = store.add_model(SHA, "a", 600, owner="alice", max_owner_bytes=1000)
+    again, created = store.add_model(SHA, "a", 600, owner="bob", max_owner_bytes=1)
+    assert not created and again.id == a.id
+    with pytest.raises(OverQuota) as over:
+        store.add_model("b" * 64, "b", 500, owner="alice", max_owner_bytes=1000)
+    assert over.value.kind == "stored_bytes" and store.model_with_sha256("b" * 64) is None
+    b, _ = store.add_model("b" * 64, "b", 500, owner="bob", max_owner_bytes=1000)
+    assert store.owner_usage("alice") == OwnerUsage(active_jobs=0, stored_bytes=600)
+
+    store.enqueue_job(a.id, "cpu", None, owner="alice", max_owner_active=2)
+    store.enqueue_job(a.id, "cpu", None, owner="alice", max_owner_active=2)  # reused
+    store.enqueue_job(b.id, "cpu", None, owner="alice", max_owner_active=2)
+    with pytest.raises(OverQuota) as over:
+        store.enqueue_job(a.id, "cuda", None, owner="alice", max_owner_active=2)
+    assert over.value.kind == "active_jobs"
+    assert store.owner_usage("alice") == OwnerUsage(active_jobs=2, stored_bytes=600)
+    store.enqueue_job(a.id, "cuda", None, owner="bob", max_owner_active=2)  # bob's own quota
+    claim = store.claim_job("cpu", "w", {})
+    assert claim is not None
+    store.complete_job(claim.job.id, claim.lease_token, result())
+    assert store.owner_usage("alice").active_jobs == 1  # finished jobs free their place
+    store.enqueue_job(a.id, "cuda", None, owner="alice", max_owner_active=2)
+    assert store.owner_usage("nobody") == OwnerUsage(active_jobs=0, stored_bytes=0)
+
+
+def test_concurrent_uploads_of_one_owner_cannot_pass_its_quota_together(
+    store: SqlAlchemyStore,
+) -> None:
+    """Eight threads each store 400 bytes against a quota of 1000: exactly two get in, on
+    PostgreSQL (an advisory lock per owner) as on SQLite (serial writes)."""
+    barrier = threading.Barrier(8)
+
+    def add(i: int) -> bool:
+        barrier.wait(10)
+        try:
+            store.add_model(f"{i:064x}", f"m{i}", 400, owner="carol", max_owner_bytes=1000)
+        except OverQuota:
+            return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        stored = list(pool.map(add, range(8)))
+    assert stored.count(True) == 2
+    assert store.owner_usage("carol").stored_bytes == 800

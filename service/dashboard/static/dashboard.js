@@ -1,34 +1,30 @@
-// fxtune dashboard: charts from the JSON blocks the server rendered, live job progress, the
-// upload and tune forms, and the API token for services that have one. No framework, no CDN.
+// fxtune dashboard: charts from the JSON blocks the server rendered, live job progress, and the
+// upload and tune forms. No framework, no CDN. With FXTUNE_API_TOKEN set, the page reads the API
+// with the HttpOnly session cookie the sign-in set (no script can read it); a form that writes
+// sends the token typed into it, for that request only, and keeps it nowhere.
 "use strict";
 
 (() => {
-  const TOKEN_KEY = "fxtune.token";
   const POLL_MS = 1000;
   const TERMINAL = new Set(["succeeded", "failed"]);
   const PALETTE = ["#2f6fde", "#e8833a", "#2ca58d", "#c4321c", "#8e6bd1", "#b8a03a", "#5b6b82",
     "#d45b9a", "#3aa7c4", "#7a9e3a"];
 
-  // --- API token: sessionStorage for fetch(), a same-site session cookie for page loads.
-  const cookieName = () => document.body.dataset.tokenCookie || "fxtune_token";
-  const token = () => sessionStorage.getItem(TOKEN_KEY);
-
-  function storeToken(value) {
-    const secure = location.protocol === "https:" ? "; Secure" : "";
-    if (value) {
-      sessionStorage.setItem(TOKEN_KEY, value);
-      document.cookie = `${cookieName()}=${encodeURIComponent(value)}; Path=/; SameSite=Strict${secure}`;
-    } else {
-      sessionStorage.removeItem(TOKEN_KEY);
-      document.cookie = `${cookieName()}=; Path=/; Max-Age=0; SameSite=Strict${secure}`;
-    }
+  // Reads carry the session cookie (same origin); a write carries `token` when the form has one.
+  function api(url, options = {}, token = "") {
+    const headers = new Headers(options.headers || {});
+    if (token) headers.set("Authorization", `Bearer ${token}`);
+    return fetch(url, { ...options, headers, credentials: "same-origin" });
   }
 
-  function api(url, options = {}) {
-    const headers = new Headers(options.headers || {});
-    const t = token();
-    if (t) headers.set("Authorization", `Bearer ${t}`);
-    return fetch(url, { ...options, headers, credentials: "same-origin" });
+  // The token field of a form that writes: its value for this one request, then emptied.
+  function takeToken(form, fields) {
+    const input = form.querySelector("input[name=api_token]");
+    if (fields) fields.delete("api_token");
+    if (!input) return "";
+    const value = input.value.trim();
+    input.value = "";
+    return value;
   }
 
   async function detail(resp) {
@@ -38,48 +34,6 @@
     } catch {
       return resp.statusText;
     }
-  }
-
-  function setupToken() {
-    const form = document.getElementById("token-form");
-    if (!form) return;
-    const state = document.getElementById("token-state");
-    const show = () => { state.textContent = token() ? "token set" : "no token"; };
-    form.addEventListener("submit", (ev) => {
-      ev.preventDefault();
-      const input = document.getElementById("token-input");
-      storeToken(input.value.trim());
-      input.value = "";
-      location.reload();
-    });
-    document.getElementById("token-forget").addEventListener("click", () => {
-      storeToken(null);
-      location.reload();
-    });
-    show();
-  }
-
-  // Links to API downloads work as plain links on loopback; with a token, fetch them with it.
-  function setupDownloads() {
-    document.addEventListener("click", async (ev) => {
-      const link = ev.target.closest("a[data-api]");
-      if (!link || !token()) return;
-      ev.preventDefault();
-      const resp = await api(link.href);
-      if (!resp.ok) {
-        alert(`${resp.status}: ${await detail(resp)}`);
-        return;
-      }
-      const match = /filename\*?=(?:UTF-8'')?"?([^";]+)"?/i.exec(
-        resp.headers.get("Content-Disposition") || "");
-      const a = document.createElement("a");
-      a.href = URL.createObjectURL(await resp.blob());
-      a.download = match ? decodeURIComponent(match[1]) : link.textContent.trim();
-      document.body.appendChild(a);
-      a.click();
-      a.remove();
-      setTimeout(() => URL.revokeObjectURL(a.href), 60000);
-    });
   }
 
   // --- Charts.
@@ -275,6 +229,7 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const fields = new FormData(form);
+      const token = takeToken(form, fields);
       for (const key of ["name", "budget_s", "optimizer"]) {
         if (!fields.get(key)) fields.delete(key);
       }
@@ -284,7 +239,7 @@
       const button = form.querySelector("button");
       button.disabled = true;
       try {
-        const resp = await api(form.action, { method: "POST", body: fields });
+        const resp = await api(form.action, { method: "POST", body: fields }, token);
         if (!resp.ok) {
           out.className = "form-result error";
           out.textContent = `upload refused (${resp.status}): ${await detail(resp)}`;
@@ -310,13 +265,14 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const fields = new FormData(form);
+      const token = takeToken(form, fields);
       const body = { device: fields.get("device"), ...modeFields(fields) };
       if (fields.get("budget_s")) body.budget_s = Number(fields.get("budget_s"));
       const resp = await api(`/api/v1/models/${form.dataset.modelId}/jobs`, {
         method: "POST",
         headers: { "Content-Type": "application/json" },
         body: JSON.stringify(body),
-      });
+      }, token);
       if (!resp.ok) {
         out.className = "form-result error";
         out.textContent = `refused (${resp.status}): ${await detail(resp)}`;
@@ -330,8 +286,6 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
-    setupToken();
-    setupDownloads();
     speedupChart();
     breakdownChart();
     setupUpload();
