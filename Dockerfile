@@ -1,5 +1,6 @@
 # One image for the service and the workers, built from fxtune's wheel: it holds what
-# `pip install 'fxtune[service,postgres]'` installs and no source tree. CPU torch by default; the
+# `pip install 'fxtune[service,postgres,openvino,onnxruntime]'` installs and no source tree (the
+# runtimes: workers tune under them, the service checks their artifacts). CPU torch by default; the
 # GPU worker builds with --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 (see
 # docker-compose.yml).
 
@@ -13,8 +14,8 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 FROM python:3.11-slim
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FXTUNE_DATA_DIR=/data
-# bubblewrap isolates tuning children where the container may create namespaces (it needs a
-# seccomp profile that allows them); elsewhere workers fall back to resource limits.
+# bubblewrap isolates tuning children: workers refuse to run without it (docker-compose.yml runs
+# them with the seccomp and AppArmor settings it needs).
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 # torch first, from the index that has the wanted build (CPU or CUDA), at the version the
@@ -22,7 +23,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
 COPY constraints.txt /tmp/constraints.txt
 RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0
 COPY --from=wheel /dist/ /tmp/dist/
-RUN pip install -c /tmp/constraints.txt "$(ls /tmp/dist/fxtune-*.whl)[service,postgres]" \
+RUN pip install -c /tmp/constraints.txt \
+        "$(ls /tmp/dist/fxtune-*.whl)[service,postgres,openvino,onnxruntime]" \
     && rm -rf /tmp/dist /tmp/constraints.txt \
     && useradd --create-home --uid 10001 fxtune \
     && mkdir -p /data && chown fxtune /data

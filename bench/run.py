@@ -1,21 +1,28 @@
 """`make bench`: each example model under eager, its peers, blind passes, and fxtune.
 
-On CPU the peers are torch.compile and AOTInductor; on a CUDA GPU (`--device cuda`, the
-default where one is present) also torch.compile's "reduce-overhead" (inductor with CUDA
-graphs) and the original captured in one plain CUDA graph, timed with CUDA events (issue 11).
+On CPU the peers are torch.compile, AOTInductor and, where installed, OpenVINO and ONNX Runtime
+(issue 48: the untouched program converted as a user would, LATENCY hint and f32 for OpenVINO,
+every graph optimization for ONNX Runtime); on a CUDA GPU (`--device cuda`, the default where
+one is present) torch.compile, its "reduce-overhead" (inductor with CUDA graphs), AOTInductor
+and the original captured in one plain CUDA graph, timed with CUDA events (issue 11).
+
+On CPU every comparison is timed in blocks of calls after a lead-in call
+(`tuner.measure.timing.POOLED`): the runtimes' thread pools spin on after a call and would slow
+whatever runs next. Each runtime is also timed against a second session of its own artifact
+(`self_check`): 1.00x says the blocks keep one pool's leftovers off the other side.
 
 The examples are joined by two held-out models (bench.held_out: BERT and ViT from transformers
 configs), so the "never below the best peer" column is checked on models nobody here wrote.
 
 Each figure is a speed ratio over the original program run eagerly, from an interleaved A/B
 comparison in this one run (tuner.measure.timing.compare: median of paired ratios, 95% interval).
-Writes bench/out/results.json, results.md (the README table) and bench.png.
+Writes bench/out/results.json (`bench.record`); `make tables` renders the README's table and the
+docs' tables and plot from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import tempfile
 import time
@@ -28,16 +35,19 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench import dynamic
+from bench import dynamic, record
 from bench.held_out import HELD_OUT, build_held_out
 from examples.build import build_all
 from tuner.backends import registry as backends
 from tuner.backends.cuda_graphs import GraphedModule
+from tuner.backends.runtime_build import load_runner
+from tuner.backends.runtimes import installed_version, is_runtime
 from tuner.contract.device import CPU, Device
 from tuner.graph.capture import example_inputs, on_device, to_graph_module
+from tuner.graph.copying import deep_copy
 from tuner.loading.load import load_program
 from tuner.measure.summary import format_interval
-from tuner.measure.timing import compare
+from tuner.measure.timing import POOLED, SINGLE, compare
 from tuner.passes import pass_names
 from tuner.passes.apply import apply_steps
 from tuner.tuning.outputs import aoti_path_for, write_outputs
@@ -48,22 +58,63 @@ OUT = Path(__file__).parent / "out"
 # against the faster of them directly (interleaved, in this run): above 1 means fxtune ships
 # something faster.
 PEERS: dict[str, tuple[str, ...]] = {
-    "cpu": ("torch.compile", "AOTInductor"),
+    "cpu": ("torch.compile", "AOTInductor", "OpenVINO", "ONNX Runtime"),
     "cuda": ("torch.compile", "reduce-overhead", "AOTInductor", "CUDA graph"),
 }
+# The peers that are a runtime's artifact of the original, by the runtime's backend name.
+RUNTIME_PEERS: dict[str, str] = {"OpenVINO": "openvino", "ONNX Runtime": "onnxruntime"}
 OURS = ("every pass (eager)", "fxtune program (eager)", "fxtune")
 console = Console()
 
 
+def device_peers(device: Device) -> tuple[str, ...]:
+    """The peers of `device` this machine can build (a runtime only where it is installed)."""
+    return tuple(
+        p
+        for p in PEERS[device.kind]
+        if p not in RUNTIME_PEERS or installed_version(RUNTIME_PEERS[p])
+    )
+
+
 def columns(device: Device) -> list[str]:
-    return [*PEERS[device.kind], *OURS]
+    return [*device_peers(device), *OURS]
 
 
 def ratio(
     base: Callable[[], Any], cand: Callable[[], Any], budget_s: float, device: Device = CPU
 ) -> dict[str, float]:
-    s = compare(base, cand, budget_s=budget_s, device=device).summary
+    blocks = POOLED if device.kind == "cpu" else SINGLE
+    s = compare(base, cand, budget_s=budget_s, device=device, blocks=blocks).summary
     return {"speedup": s.speedup, "ci_low": s.low, "ci_high": s.high, "rounds": s.rounds}
+
+
+def _runtime_peer(
+    runtime: str, program: Any, inputs: tuple[Any, ...], work: Path, builds: dict[str, Any]
+) -> Callable[..., Any]:
+    """The original's artifact under `runtime`, as a user converts it; its build seconds and a
+    second session of the same file (for the self-timing check) go into `builds`."""
+    started = time.monotonic()
+    built = backends.build(runtime, to_graph_module(program), inputs, work / runtime)
+    builds[runtime] = {"build_s": round(time.monotonic() - started, 2)}
+    assert built.package is not None
+    twin = load_runner(runtime, built.package, program.call_spec.out_spec, torch.get_num_threads())
+    builds[runtime]["twin"] = built_now(twin, inputs)
+    return built.runner
+
+
+def self_checks(
+    builds: dict[str, Any],
+    runs: dict[str, Callable[..., Any]],
+    inputs: tuple[Any, ...],
+    budget_s: float,
+) -> dict[str, dict[str, float]]:
+    """Each runtime peer against a second session of its own artifact: 1.00x expected."""
+    out = {}
+    for peer, runtime in RUNTIME_PEERS.items():
+        if peer in runs and "twin" in builds.get(runtime, {}):
+            twin = builds[runtime]["twin"]
+            out[peer] = ratio(partial(runs[peer], *inputs), partial(twin, *inputs), budget_s)
+    return out
 
 
 def built_now(module: Callable[..., Any], inputs: tuple[Any, ...]) -> Callable[..., Any]:
@@ -81,9 +132,12 @@ def peers(
     work: Path,
     name: str,
     names: Sequence[str] | None = None,
+    builds: dict[str, Any] | None = None,
 ) -> dict[str, Callable[..., Any]]:
     """The original under each peer of `device` (or those of them in `names`: a quick check
-    skips the slow ones), built and ready to time."""
+    skips the slow ones), built and ready to time; a runtime's build time and second session
+    go into `builds`."""
+    builds = {} if builds is None else builds
     made: dict[str, Callable[[], Callable[..., Any]]] = {
         "torch.compile": lambda: torch.compile(program.module()),
         "reduce-overhead": lambda: torch.compile(program.module(), mode="reduce-overhead"),
@@ -91,9 +145,28 @@ def peers(
             backends.package_aoti(program, work / f"{name}.orig.aoti.pt2")
         ),
         "CUDA graph": lambda: GraphedModule(program.module()),
+        **{
+            peer: partial(_runtime_peer, runtime, program, inputs, work, builds)
+            for peer, runtime in RUNTIME_PEERS.items()
+        },
     }
-    chosen = [p for p in PEERS[device.kind] if names is None or p in names]
+    chosen = [p for p in device_peers(device) if names is None or p in names]
     return {peer: built_now(made[peer](), inputs) for peer in chosen}
+
+
+def shipped_runner(
+    config: Any, tuned_path: Path, report: Path, runner: Callable[..., Any]
+) -> Callable[..., Any]:
+    """What a deployment runs: the AOTInductor package, the runtime's artifact, else the
+    runner that was timed."""
+    if config.backend == "inductor" and aoti_path_for(tuned_path).is_file():
+        return backends.load_aoti(aoti_path_for(tuned_path))
+    artifact = json.loads(report.read_text())["artifacts"].get("runtime")
+    if is_runtime(config.backend) and artifact:
+        program = torch.export.load(tuned_path)
+        spec, threads = program.call_spec.out_spec, torch.get_num_threads()
+        return load_runner(config.backend, report.parent / artifact, spec, threads)
+    return runner
 
 
 def _speed(x: float | None) -> str:
@@ -117,10 +190,11 @@ def bench_model(
         program = on_device(program, device.torch_device)
     inputs = example_inputs(program)
     eager = program.module()
-    console.log(f"[{name}] building the peers: {', '.join(PEERS[device.kind])}")
-    peer_runs = peers(device, program, inputs, work, name)
+    console.log(f"[{name}] building the peers: {', '.join(device_peers(device))}")
+    builds: dict[str, Any] = {}
+    peer_runs = peers(device, program, inputs, work, name, builds=builds)
     blind = apply_steps(
-        copy.deepcopy(to_graph_module(program)), inputs, [(p, None) for p in pass_names()]
+        deep_copy(to_graph_module(program)), inputs, [(p, None) for p in pass_names()]
     )
     blind_inputs = blind.pack(inputs)
 
@@ -139,11 +213,7 @@ def bench_model(
     config = outcome.config
     tuned_inputs = outcome.tuned.inputs
     tuned_program = torch.export.load(tuned_path).module()
-    final = (
-        backends.load_aoti(aoti_path_for(tuned_path))
-        if config.backend == "inductor"
-        else outcome.runner
-    )
+    final = shipped_runner(config, tuned_path, work / f"{name}.report.json", outcome.runner)
 
     console.log(f"[{name}] timing")
     variants: dict[str, Callable[[], Any]] = {
@@ -156,8 +226,9 @@ def bench_model(
         figures = {
             k: ratio(lambda: eager(*inputs), fn, budget_s, device) for k, fn in variants.items()
         }
-        best = max(PEERS[device.kind], key=lambda k: figures[k]["speedup"] or 0.0)
+        best = max(device_peers(device), key=lambda k: figures[k]["speedup"] or 0.0)
         vs_peer = ratio(variants[best], variants["fxtune"], budget_s, device)
+        checks = self_checks(builds, peer_runs, inputs, budget_s)
     return {
         "model": name,
         "device": str(device),
@@ -167,56 +238,16 @@ def bench_model(
         "vs_best_peer": vs_peer,
         "backend": config.backend,
         "chosen": config.whole_model.name,
+        "chosen_build_s": config.whole_model.build_s,
+        "peer_build_s": {runtime: b["build_s"] for runtime, b in builds.items()},
+        "self_check": checks,
         "tuning_s": round(tuning_s, 1),
+        "budget_s": tune_budget_s,
         "timed_candidates": config.tuning["timed_candidates"],
         "cache_hits": config.tuning["cache_hits"],
         "accepted_sites": sum(1 for s in config.sites if s.accepted),
         "distinct_sites": len(config.sites),
     }
-
-
-def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = rows[0]["columns"]
-    head = ["model", *cols, "best peer", "fxtune / best peer", "fxtune backend", "tuning s"]
-    head.append("timed candidates")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["model"]]
-        cells += [_speed(r["ratios"][c]["speedup"]) for c in cols]
-        cells += [r["best_peer"], _cell(r["vs_best_peer"])]
-        cells += [r["backend"], f"{r['tuning_s']:.0f}", str(r["timed_candidates"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = rows[0]["columns"]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(cols)
-    for i, col in enumerate(cols):
-        xs = [j + i * width for j in range(len(rows))]
-        ys = [r["ratios"][col]["speedup"] or 0.0 for r in rows]
-        lo = [y - (r["ratios"][col]["ci_low"] or y) for y, r in zip(ys, rows, strict=True)]
-        hi = [(r["ratios"][col]["ci_high"] or y) - y for y, r in zip(ys, rows, strict=True)]
-        ax.bar(xs, ys, width, label=col, yerr=[lo, hi], capsize=2)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["model"] for r in rows])
-    ax.set_ylabel("speed over eager (x)")
-    ax.set_title(f"fxtune on {where(Device.parse(rows[0]['device']))}, torch {torch.__version__}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
-def where(device: Device) -> str:
-    if device.kind == "cuda":
-        return torch.cuda.get_device_name(device.torch_device)
-    return f"{torch.get_num_threads()} CPU threads"
 
 
 def main() -> None:
@@ -259,26 +290,27 @@ def main() -> None:
             else []
         )
     cols = columns(device)
-    table = Table("model", *cols, "best peer", "fxtune / best peer", "backend", "tuning s")
-    table.add_column("timed")
+    table = Table("model", *cols, "best peer", "fxtune / best peer", "fxtune chose", "build s")
+    for head in ("tuning s / budget", "timed", "self-check"):
+        table.add_column(head)
     for r in rows:
+        build = r.get("chosen_build_s")
         table.add_row(
             r["model"],
             *[_cell(r["ratios"][c]) for c in cols],
             r["best_peer"],
             _cell(r["vs_best_peer"]),
-            r["backend"],
-            f"{r['tuning_s']:.0f}",
+            r["chosen"],
+            "-" if build is None else f"{build:.1f}",
+            f"{r['tuning_s']:.0f} / {r['budget_s']:.0f}",
             str(r["timed_candidates"]),
+            ", ".join(f"{p} {_cell(c)}" for p, c in r.get("self_check", {}).items()),
         )
     console.print(table)
     if dynamic_rows:
         console.print(dynamic.markdown(dynamic_rows))
-    (OUT / "results.json").write_text(json.dumps(rows + dynamic_rows, indent=2))
-    md = markdown(rows) + ("\n" + dynamic.markdown(dynamic_rows) if dynamic_rows else "")
-    (OUT / "results.md").write_text(md)
-    plot(rows, OUT / "bench.png")
-    console.print(f"wrote {OUT / 'results.md'} and {OUT / 'bench.png'}")
+    path = record.write("results", rows + dynamic_rows)
+    console.print(f"wrote {path} (`make tables` puts it in the README and the docs)")
 
 
 if __name__ == "__main__":

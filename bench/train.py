@@ -1,7 +1,8 @@
 """Training-step tuning of each example: `python -m bench.train [--optimizer sgd] [--threads 1]`.
 
 For each example exported in train mode (`examples.training`), a `--mode train` tuning run
-with eager and torch.compile candidates; prints and writes (`bench/out/train-<optimizer>.json`)
+with eager and torch.compile candidates; prints and writes (`bench/out/train-<optimizer>.json`,
+`bench.record`)
 every per-site decision (the site's forward + backward, rewritten over untouched), every
 candidate's per-step speed ratio over the original's eager step and the shipped step's ratio
 over torch.compile of the original's step, each with its 95% interval, all from interleaved
@@ -13,7 +14,6 @@ the load than about the step.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import record
 from examples.training import TRAINING, export_for_training
 from tuner.measure.summary import format_interval
 from tuner.tuning.tuner import TuneOptions, tune_program
@@ -90,9 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     args.optimizer = None if args.optimizer == "none" else args.optimizer
     rows = [run(name, args) for name in args.models]
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"train-{args.optimizer or 'none'}.json"
-    path.write_text(json.dumps(rows, indent=2, default=str))
+    record.write(f"train-{args.optimizer or 'none'}", rows)
     sites = Table("model", "site (forward + backward)", "x original", "95% interval", "verdict")
     for row in rows:
         for d in row["sites"]:

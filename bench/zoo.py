@@ -7,21 +7,24 @@ options, profiles included) at each budget, and
 record the command's wall time. The compile history (`compile_times.json`) is the machine's, as
 a worker keeps it: the zoo's first model plans with the priors, the others with what the
 earlier ones measured. Then, in this one process, time side by side against the
-original run eagerly: torch.compile and AOTInductor of the original, and what fxtune shipped at
-each budget, loaded from its output files as a deployment loads them. "fxtune / best peer" is a
-direct interleaved comparison of the two (above 1: fxtune ships something faster).
+original run eagerly: torch.compile, AOTInductor and (where installed) OpenVINO and ONNX Runtime
+of the original, and what fxtune shipped at each budget, loaded from its output files as a
+deployment loads them (a runtime's artifact under its runtime), in blocks of calls
+(`bench.run.ratio`), each runtime also against a second session of itself (`self_check`).
+"fxtune / best peer" is a direct interleaved comparison of the two (above 1: fxtune ships
+something faster).
 
 `--load K` runs K busy single-threaded processes while `fxtune tune` runs, so the table can be
 taken with other work on the cores as well as quiet. The peers are built and everything is timed
 side by side with the busy processes stopped: the figures then say how fast what shipped is,
-not how noisy the machine was. Writes bench/out/zoo.json and zoo.md.
+not how noisy the machine was. Writes bench/out/zoo.json (zoo-load2.json with `--load 2`), one
+row per model and budget, merged into the file's current rows (`bench.record`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import shutil
@@ -32,23 +35,29 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 
-from bench.run import built_now, peers, ratio
+from bench import record
+from bench.run import PEERS, built_now, device_peers, peers, ratio, self_checks
+from bench.tables import zoo_table
 from bench.zoo_models import ZOO, exported
 from tuner.backends import registry as backends
+from tuner.backends.runtime_build import load_runner
+from tuner.backends.runtimes import is_runtime
 from tuner.contract.device import CPU
 from tuner.graph.capture import example_inputs
 from tuner.loading.load import load_program
 from tuner.tuning.outputs import aoti_path_for
 
 OUT = Path(__file__).parent / "out"
-PEER_NAMES = ("torch.compile", "AOTInductor")
-MARGIN_S = 15.0  # issue 19: a run ends within its budget plus this
+PEER_NAMES = device_peers(CPU)  # torch.compile, AOTInductor, and the runtimes installed here
+PEERS_EVER = PEERS["cpu"]  # every CPU peer a row may hold
+ZOO_KEY = itemgetter("model", "budget_s")  # a rerun replaces the row of that model and budget
 console = Console()
 
 
@@ -111,7 +120,9 @@ def tune_cli(path: Path, budget_s: float, work: Path) -> dict[str, Any]:
         "tuned": f"{stem}.tuned.pt2",
         "backend": config["backend"],
         "chosen": config["whole_model"]["name"],
+        "build_s": config["whole_model"].get("build_s"),
         "aoti": report["artifacts"].get("aoti"),
+        "runtime": report["artifacts"].get("runtime"),
         "tuning_s": config["tuning"].get("seconds"),
         "outputs_s": report.get("outputs_s"),
         "site_counts": config["tuning"].get("site_counts"),
@@ -135,6 +146,10 @@ def shipped(run: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     inputs = example_inputs(program)
     if run["backend"] == "inductor" and run.get("aoti"):
         return backends.load_aoti(aoti_path_for(tuned_path)), inputs
+    if is_runtime(run["backend"]) and run.get("runtime"):
+        artifact = tuned_path.parent / run["runtime"]
+        spec, threads = program.call_spec.out_spec, torch.get_num_threads()
+        return load_runner(run["backend"], artifact, spec, threads), inputs
     return backends.deployed(run["backend"], program.module()), inputs
 
 
@@ -155,9 +170,10 @@ def bench_model(
     inputs = example_inputs(program)
     eager = program.module()
     console.log(f"[{name}] building the peers")
+    builds: dict[str, Any] = {}
+    peer_runs = peers(CPU, program, inputs, work, name, PEER_NAMES, builds)
     variants: dict[str, Callable[[], Any]] = {
-        peer: partial(run, *inputs)
-        for peer, run in peers(CPU, program, inputs, work, name, PEER_NAMES).items()
+        peer: partial(run, *inputs) for peer, run in peer_runs.items()
     }
     for run in runs:
         if "error" in run:
@@ -173,61 +189,37 @@ def bench_model(
             key = f"fxtune {run['budget_s']:g}s"
             if key in variants:
                 run["vs_best_peer"] = ratio(variants[best], variants[key], compare_s)
-    return {"model": name, "ratios": ratios, "best_peer": best, "runs": runs}
+        checks = self_checks(builds, peer_runs, inputs, compare_s)
+    return {
+        "model": name,
+        "ratios": ratios,
+        "best_peer": best,
+        "runs": runs,
+        "peer_build_s": {runtime: b["build_s"] for runtime, b in builds.items()},
+        "self_check": checks,
+    }
 
 
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def markdown(rows: list[dict[str, Any]], budgets: list[float], load: int) -> str:
-    head = ["model", *PEER_NAMES]
-    for b in budgets:
-        head += [f"fxtune {b:g}s", f"/ best peer ({b:g}s)", f"ships ({b:g}s)", f"wall s ({b:g}s)"]
-        head += [f"sites timed/reused/noise ({b:g}s)"]
-    lines = [
-        f"<!-- {torch.__version__}, {torch.get_num_threads()} threads, {load} busy processes "
-        "while tuning, none while timing -->",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    for r in rows:
-        cells = [r["model"], *(_x(r["ratios"][p]["speedup"]) for p in PEER_NAMES)]
-        for run in r["runs"]:
-            if "error" in run:
-                cells += ["error", "-", "-", f"{run['wall_s']:.0f}", "-"]
-                continue
-            ours = r["ratios"].get(f"fxtune {run['budget_s']:g}s", {})
-            vs = run.get("vs_best_peer", {})
-            interval = f" [{vs['ci_low']:.2f}, {vs['ci_high']:.2f}]" if vs.get("ci_low") else ""
-            counts = run.get("site_counts") or {}
-            reused = counts.get("from_cache", 0) + counts.get("identical_copies", 0)
-            cells += [
-                _x(ours.get("speedup")),
-                _x(vs.get("speedup")) + interval,
-                run["chosen"],
-                f"{run['wall_s']:.0f}",
-                f"{counts.get('timed', 0)}/{reused}/{counts.get('below_noise', 0)}",
-            ]
-        lines.append("| " + " | ".join(cells) + " |")
-    for b in budgets:
-        vs = [
-            run["vs_best_peer"]["speedup"]
-            for r in rows
-            for run in r["runs"]
-            if run["budget_s"] == b and run.get("vs_best_peer", {}).get("speedup")
-        ]
-        walls = [run["wall_s"] for r in rows for run in r["runs"] if run["budget_s"] == b]
-        within = sum(1 for w in walls if w <= b + MARGIN_S)
-        if vs:
-            geo = math.exp(sum(math.log(v) for v in vs) / len(vs))
-            lines.append(f"\nAt {b:g} s: fxtune / best peer geomean {geo:.3f}x, min {min(vs):.2f}x")
-        if walls:
-            lines.append(
-                f"At {b:g} s: wall time within budget + {MARGIN_S:g} s on {within} of "
-                f"{len(walls)} runs, longest {max(walls):.0f} s"
-            )
-    return "\n".join(lines) + "\n"
+def budget_rows(row: dict[str, Any], load: int) -> list[dict[str, Any]]:
+    """`bench_model`'s row as one row per budget, as bench/out/zoo.json keeps them: a rerun of
+    one model at one budget replaces just that row (`bench.record.merge`)."""
+    out = []
+    for run in row["runs"]:
+        ours = row["ratios"].get(f"fxtune {run['budget_s']:g}s")
+        ratios = {p: r for p, r in row["ratios"].items() if p in PEERS_EVER} | {"fxtune": ours}
+        out.append(
+            {
+                "model": row["model"],
+                "budget_s": run["budget_s"],
+                "load": load,
+                "ratios": ratios,
+                "best_peer": row["best_peer"],
+                "run": run,
+                "peer_build_s": row.get("peer_build_s", {}),
+                "self_check": row.get("self_check", {}),
+            }
+        )
+    return out
 
 
 def main() -> None:
@@ -236,19 +228,20 @@ def main() -> None:
     parser.add_argument("--budgets", type=float, nargs="+", default=[60.0, 300.0])
     parser.add_argument("--compare-s", type=float, default=4.0, help="per timed comparison")
     parser.add_argument("--load", type=int, default=0, help="busy processes while tuning")
-    parser.add_argument("--tag", default="", help="suffix for the output files")
     args = parser.parse_args()
-    OUT.mkdir(exist_ok=True)
-    rows = []
+    name = f"zoo-load{args.load}" if args.load else "zoo"
+    rows: list[dict[str, Any]] = []
+    path = record.path_of(name)
     with tempfile.TemporaryDirectory() as tmp:
         console.log("warming a machine-level inductor cache (compiler probes, headers)")
         machine_cache(Path(tmp))
-        for name in args.models:
-            rows.append(bench_model(name, args.budgets, Path(tmp), args.compare_s, args.load))
-            stem = OUT / f"zoo{args.tag}"
-            stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-            stem.with_suffix(".md").write_text(markdown(rows, args.budgets, args.load))
-    console.print(markdown(rows, args.budgets, args.load))
+        for model in args.models:
+            row = bench_model(model, args.budgets, Path(tmp), args.compare_s, args.load)
+            rows += budget_rows(row, args.load)
+            path = record.merge(name, budget_rows(row, args.load), ZOO_KEY)
+    for budget in args.budgets:
+        console.print(zoo_table(rows, budget))
+    console.print(f"wrote {path} (`make tables` puts it in the README and the docs)")
 
 
 if __name__ == "__main__":

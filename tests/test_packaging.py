@@ -58,7 +58,8 @@ def test_the_projects_own_installs_pin_the_tested_torch() -> None:
 
 def test_each_role_gets_what_it_imports_and_no_more() -> None:
     """The base install (tuner, client, worker) has no web server or database; the service's
-    extra has them; postgres adds the driver; dev pulls every role for the tests."""
+    extra has them; postgres adds the driver; the runtimes are extras of their own; dev pulls
+    every role for the tests."""
     base = names(PROJECT["dependencies"])
     extras = {k: names(v) for k, v in PROJECT["optional-dependencies"].items()}
     assert base == {
@@ -71,7 +72,10 @@ def test_each_role_gets_what_it_imports_and_no_more() -> None:
     assert {"fxtune", "pytest", "twine", "trove-classifiers"} <= extras["dev"]
     dev_self = next(Requirement(r) for r in PROJECT["optional-dependencies"]["dev"]
                     if r.startswith("fxtune"))  # fmt: skip
-    assert dev_self.extras == {"service", "postgres"}
+    assert dev_self.extras == {"service", "postgres", "openvino", "onnxruntime"}
+    # The CPU runtimes are optional: a worker or deployment without them runs without them.
+    assert extras["openvino"] == {"openvino"}
+    assert extras["onnxruntime"] == {"onnxruntime", "onnx", "onnxscript"}
 
 
 def _modules_after(statement: str) -> set[str]:

@@ -1,5 +1,9 @@
 """Describe this machine's device in a child process, so the worker itself never imports torch.
 
+On a CPU the description names the inference runtimes installed here and their versions
+(`tuner.backends.runtimes`): the worker declares them at every claim, and its jobs are tuned
+with what it has.
+
 The child also checks that torch is one fxtune was checked on (`check_torch`): it imports
 torch anyway, and every job would fail on an unchecked one.
 """
@@ -55,6 +59,7 @@ def _stopped_with(stdout: str) -> FxtuneError | None:
 
 
 def _main(text: str) -> None:
+    from tuner.backends.runtimes import installed_runtimes
     from tuner.host.hardware import describe, hardware_key
     from tuner.host.torch_compat import check_torch
 
@@ -67,6 +72,8 @@ def _main(text: str) -> None:
         sys.exit(exit_code_for(exc))
     info = describe(device)
     info["key"] = hardware_key(info)
+    if device.kind == "cpu":  # the runtimes its jobs may be tuned under, with their versions
+        info["runtimes"] = installed_runtimes()
     print(json.dumps(info))
 
 

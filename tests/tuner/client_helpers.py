@@ -61,6 +61,7 @@ class FakeService:
 
     def __init__(self) -> None:
         self.configs: dict[str, dict[str, Any]] = {}
+        self.runtime_files: dict[str, bytes] = {}  # by sha256: GET .../configs/<fp>/runtime
         self.reply: tuple[int, bytes] | None = None
         self.seen: list[tuple[str, dict[str, str]]] = []
 
@@ -68,6 +69,11 @@ class FakeService:
         self.seen.append((path, headers))
         if self.reply is not None:
             return self.reply[0], {"ETag": '"bad"'}, self.reply[1]
+        route, _, query = path.partition("?")
+        if route.endswith("/runtime"):
+            digest = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("sha256")
+            body = self.runtime_files.get(digest or "")
+            return (200, {}, body) if body is not None else (404, {}, b"{}")
         fingerprint = path.split("?")[0].rsplit("/", 1)[-1]
         config = self.configs.get(fingerprint)
         if config is None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+from tuner.host.json_files import write_json
 
 KEPT = 8  # measurements kept per key, newest last
 
@@ -39,12 +39,20 @@ KEPT = 8  # measurements kept per key, newest last
 # The export of a dynamic program's dispatching program (`tuner.tuning.bucketing`), in this
 # process: DistilBERT's and a recommendation model's of two and three buckets (318-759 nodes)
 # 4-12 s.
+# OpenVINO and ONNX Runtime: their artifact written in the run's serving child
+# (`tuner.backends.isolation.Children.serve`), started as the run begins: a small graph 0.4-0.6 s,
+# zoo models of 150-260 nodes 2-6 s (the conversion or export, and loading the result once).
 PRIORS: dict[str, tuple[float, float]] = {
     "inductor": (18.0, 0.02),
+    "openvino": (2.0, 0.015),
+    "onnxruntime": (2.0, 0.02),
     "compile": (5.0, 0.06),
     "dispatch-export": (0.5, 0.015),
 }
 PRIOR_OTHER = (40.0, 0.05)  # a compiling backend with no prior of its own
+
+
+FILE_NAME = "compile_times.json"
 
 
 class CompileTimes:
@@ -52,12 +60,19 @@ class CompileTimes:
 
     `slowdown` is this run's: how many times longer than on a quiet machine its compiles are
     expected to take (1.0: quiet); `slowdowns` the same per backend where a backend's differs
-    (one that compiles in a child)."""
+    (one that compiles in a child). With `record_to`, `path` is only read and the keys this run
+    measured are written to `record_to` (a worker's job: `JsonDecisionCache` says why)."""
 
     def __init__(
-        self, path: Path | None, slowdown: float = 1.0, slowdowns: Mapping[str, float] | None = None
+        self,
+        path: Path | None,
+        slowdown: float = 1.0,
+        slowdowns: Mapping[str, float] | None = None,
+        record_to: Path | None = None,
     ) -> None:
         self.path = path
+        self.record_to = record_to
+        self._recorded: set[str] = set()
         self.slowdown = max(slowdown, 1.0)
         self.slowdowns = {b: max(s, 1.0) for b, s in (slowdowns or {}).items()}
         self._rates: dict[str, list[list[float]]] = {}
@@ -69,11 +84,16 @@ class CompileTimes:
 
     @staticmethod
     def for_cache(
-        cache_path: Path | None, slowdown: float = 1.0, slowdowns: Mapping[str, float] | None = None
+        cache_path: Path | None,
+        slowdown: float = 1.0,
+        slowdowns: Mapping[str, float] | None = None,
+        record_to: Path | None = None,
     ) -> CompileTimes:
-        """The store beside a decision cache file (same folder), or in memory without one."""
-        path = None if cache_path is None else cache_path.with_name("compile_times.json")
-        return CompileTimes(path, slowdown, slowdowns)
+        """The store beside a decision cache file (same folder), or in memory without one;
+        `record_to`: the folder this run's measurements go to instead."""
+        path = None if cache_path is None else cache_path.with_name(FILE_NAME)
+        out = None if record_to is None else record_to / FILE_NAME
+        return CompileTimes(path, slowdown, slowdowns, out)
 
     def slowdown_of(self, backend: str) -> float:
         return self.slowdowns.get(backend, self.slowdown)
@@ -105,6 +125,7 @@ class CompileTimes:
         key = f"{hardware}::{backend}"
         quiet = round(seconds / self.slowdown_of(backend), 3)
         self._rates[key] = [*self._rates.get(key, []), [nodes, quiet]][-KEPT:]
+        self._recorded.add(key)
         self._save()
 
     def record_stopped(self, hardware: str, backend: str, nodes: int, seconds: float) -> None:
@@ -117,10 +138,7 @@ class CompileTimes:
             self.record(hardware, backend, nodes, seconds)
 
     def _save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".compile_times-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self._rates, f, indent=1)
-        os.replace(tmp, self.path)
+        if self.record_to is not None:
+            write_json(self.record_to, {k: self._rates[k] for k in sorted(self._recorded)})
+        elif self.path is not None:
+            write_json(self.path, self._rates)

@@ -15,9 +15,13 @@ Two uses:
   inductor's warm cache). Probing costs a child per candidate, so the tuner does it where
   crashes were seen (CUDA, issue 11) or when asked (`TuneOptions.isolate_compiles`).
 
+A third: a runtime's artifact (an ONNX file, an OpenVINO IR) is written in the child, which
+loads it and runs it once (`tuner.backends.runtime_build`), and the tuner loads the file.
+
 Each child is started as `python -m tuner.backends.child --wait` and given its job on stdin
-(`PROGRAM.pt2 PACKAGE.aoti.pt2 [--instrumented]` or `PROGRAM.pt2 --probe BACKEND`); `Children`
-can start the next one while the current one works.
+(`PROGRAM.pt2 PACKAGE.aoti.pt2 [--instrumented]`, `PROGRAM.pt2 --probe BACKEND` or
+`PROGRAM.pt2 --runtime RUNTIME ARTIFACT`); `Children` can start the next one while the current
+one works.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import getpass
 import json
 import os
 import re
+import selectors
 import signal
 import subprocess
 import sys
@@ -35,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.backends.child_protocol import ANSWER
 from tuner.contract.errors import CompileCrashed, CompileFailed, CompileOverrun
 from tuner.host.child_env import fxtune_python_path
 
@@ -111,6 +117,73 @@ class _Child:
         self.scratch.cleanup()
 
 
+class _Served:
+    """A child serving jobs one after another (`tuner.backends.child --serve`): the runtimes'
+    builds, a few seconds each, would otherwise each pay for starting Python and importing
+    torch (4-6 s here). Its stderr goes to a file in its folder, so a chatty converter cannot
+    fill a pipe nobody reads."""
+
+    def __init__(self) -> None:
+        self.scratch = tempfile.TemporaryDirectory(prefix="fxtune-build-")
+        _share_inductor_home(self.scratch.name)
+        self.stderr_path = Path(self.scratch.name) / "stderr.txt"
+        self._stderr = self.stderr_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", CHILD_MODULE, "--serve"],
+            env=_child_env(self.scratch.name),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ask(self, args: list[str], timeout_s: float) -> dict | None:
+        """Send one job and wait for its answer; None when the child ended without one.
+        Raises TimeoutError when no answer came in `timeout_s`."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((json.dumps(args) + "\n").encode())
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise TimeoutError
+                line = self.proc.stdout.readline()
+                if not line:
+                    return None
+                text = line.decode(errors="replace")
+                if text.startswith(ANSWER):
+                    return json.loads(text[len(ANSWER) :])
+
+    def stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            lines = self.stderr_path.read_text(errors="replace").strip().splitlines()
+            if lines:
+                return lines[-1]
+        return "no message"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
+            self.proc.communicate(timeout=5)
+        self._stderr.close()
+        self.scratch.cleanup()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "an unknown signal"
+
+
 class Children:
     """Compile children, one per compile or probe, each used once, so a crash or an overrun
     ends only its own.
@@ -128,6 +201,46 @@ class Children:
         self.ahead = ahead
         self.device = device
         self._next: _Child | None = None
+        self._served: _Served | None = None
+
+    def start_serving(self) -> None:
+        """Start the child that `serve` hands its jobs to, if none is running."""
+        if self._served is None or not self._served.alive():
+            if self._served is not None:
+                self._served.stop()
+            self._served = _Served()
+
+    def serve(
+        self, args: list[str], timeout_s: float, what: str, action: str
+    ) -> tuple[float, dict]:
+        """Run one job (`tuner.backends.child`'s arguments) in the serving child, which stays
+        for the next job when this one ends in an answer; one that overruns `timeout_s` or
+        crashes ends it (and the next job starts another). As `run`, its seconds and report."""
+        self.start_serving()
+        served = self._served
+        assert served is not None
+        started = time.monotonic()
+        try:
+            report = served.ask(args, timeout_s)
+        except TimeoutError:
+            served.stop()
+            self._served = None
+            raise CompileOverrun(
+                f"compile stopped after {time.monotonic() - started:.1f} s: "
+                f"it did not finish in the {timeout_s:.1f} s left of the time budget"
+            ) from None
+        seconds = time.monotonic() - started
+        if report is None:
+            code = served.proc.wait()
+            tail = served.stderr_tail()
+            served.stop()
+            self._served = None
+            if code < 0:
+                raise CompileCrashed(_signal_name(-code), -code, what)
+            raise CompileFailed(f"{action} failed: {tail}")
+        if "error" in report:
+            raise CompileFailed(f"{action} failed: {report['error']}")
+        return seconds, report
 
     def start(self) -> None:
         """Start the next child now, if children are started ahead and none is waiting."""
@@ -177,6 +290,9 @@ class Children:
         child, self._next = self._next, None
         if child is not None:
             child.stop()
+        served, self._served = self._served, None
+        if served is not None:
+            served.stop()
 
     def __enter__(self) -> Children:
         return self
@@ -209,6 +325,27 @@ def probe_in_child(
     args = [str(program_path), "--probe", backend]
     seconds, report = _run_child(children, args, timeout_s, what, f"{backend} probe")
     return ChildCompile(program_path, seconds, float(report["compile_s"]), report.get("threads"))
+
+
+def runtime_in_child(
+    program_path: Path,
+    runtime: str,
+    artifact: Path,
+    *,
+    timeout_s: float,
+    children: Children | None = None,
+) -> ChildCompile:
+    """Write `runtime`'s artifact of PROGRAM.pt2 to `artifact` and run it once, in a child
+    killed after `timeout_s`."""
+    args = [str(program_path), "--runtime", runtime, str(artifact)]
+    what, action = f"the {runtime} artifact", f"{runtime} build"
+    if children is not None:
+        seconds, report = children.serve(args, timeout_s, what, action)
+    else:
+        seconds, report = _run_child(None, args, timeout_s, what, action)
+    return ChildCompile(
+        Path(report["artifact"]), seconds, float(report["compile_s"]), report.get("threads")
+    )
 
 
 def _run_child(

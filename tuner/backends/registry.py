@@ -1,5 +1,6 @@
 """Backends a tuned module can run under, by name: eager FX, inductor, XLA where installed,
-and on CUDA the same captured in CUDA graphs."""
+on CUDA the same captured in CUDA graphs, and on the CPU OpenVINO and ONNX Runtime where
+installed (`tuner.backends.runtimes`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from torch import fx, nn
 from torch.export import ExportedProgram
 
+from tuner.backends.runtimes import RUNTIMES, installed_version, is_runtime
 from tuner.contract.device import Device
 
 if TYPE_CHECKING:
@@ -23,7 +25,8 @@ Runner = Callable[..., Any]
 
 @dataclass
 class Built:
-    """A runnable form of a module; `package` is the AOTInductor file when one was made.
+    """A runnable form of a module; `package` is the file that ships with it when one was
+    made (the AOTInductor package; a runtime's artifact, `tuner.backends.runtime_build`).
 
     `compile_s` and `overhead_s` are what a compile in a child process took (the compile, and
     starting the child around it), for compile-time estimates; None where nothing was compiled
@@ -130,6 +133,24 @@ def _xla(
     return Built(torch.compile(gm, backend="openxla"))
 
 
+def _runtime(name: str) -> Callable[..., Built]:
+    """A runtime backend (OpenVINO, ONNX Runtime): its artifact written in a child."""
+
+    def make(
+        gm: fx.GraphModule,
+        inputs: tuple,
+        workdir: Path,
+        timeout_s: float | None,
+        children: Children | None = None,
+    ) -> Built:
+        from tuner.backends.runtime_build import build_runtime
+
+        b = build_runtime(name, gm, inputs, workdir, timeout_s, children)
+        return Built(b.runner, b.artifact, b.compile_s, b.overhead_s)
+
+    return make
+
+
 def xla_available() -> bool:
     try:
         import torch_xla  # noqa: F401
@@ -145,11 +166,14 @@ BACKENDS: dict[str, Callable[..., Built]] = {
     "cudagraph": _cudagraph,
     "compile-cudagraphs": _compile_cudagraphs,
     "xla": _xla,
+    "openvino": _runtime("openvino"),
+    "onnxruntime": _runtime("onnxruntime"),
 }
 
-# Backends per device kind. CUDA graphs exist only on CUDA; XLA only where torch_xla imports.
+# Backends per device kind. CUDA graphs exist only on CUDA; XLA only where torch_xla imports;
+# the runtimes only where installed (`available_backends`).
 ON_DEVICE: dict[str, tuple[str, ...]] = {
-    "cpu": ("eager", "inductor", "compile"),
+    "cpu": ("eager", "inductor", "compile", "openvino", "onnxruntime"),
     "cuda": ("eager", "inductor", "compile", "cudagraph", "compile-cudagraphs"),
     "xla": ("xla",),
 }
@@ -157,18 +181,37 @@ ON_DEVICE: dict[str, tuple[str, ...]] = {
 # What a user would pick instead of fxtune: the original under each of these, timed as shipped.
 # They are always whole-model candidates (where the device has them), so the chosen result is
 # compared with them in the same run rather than assumed to beat them. On CUDA that includes a
-# plain CUDA graph of the original and torch.compile's "reduce-overhead" (issue 11's peers).
-PEERS: tuple[str, ...] = ("inductor", "compile", "cudagraph", "compile-cudagraphs")
+# plain CUDA graph of the original and torch.compile's "reduce-overhead" (issue 11's peers), and
+# on the CPU OpenVINO and ONNX Runtime (issue 48).
+PEERS: tuple[str, ...] = (
+    "inductor",
+    "compile",
+    "cudagraph",
+    "compile-cudagraphs",
+    "openvino",
+    "onnxruntime",
+)
 
 # Backends whose runner is compiled (minutes on a big model): their compile time is estimated
 # and a compile that does not fit in the budget is skipped (tuner.backends.compile_time).
-COMPILING: tuple[str, ...] = ("inductor", "compile", "compile-cudagraphs")
+COMPILING: tuple[str, ...] = (
+    "inductor",
+    "compile",
+    "compile-cudagraphs",
+    "openvino",
+    "onnxruntime",
+)
+
+# Backends that run on thread pools of their own (OpenVINO's TBB, ONNX Runtime's), whose
+# threads keep spinning after a call and slow whatever runs next: they are timed in blocks of
+# calls (`tuner.measure.timing.Blocks`), so that cost is not charged to the other side.
+OWN_THREAD_POOL: tuple[str, ...] = tuple(RUNTIMES)
 
 
 def available_backends(device: Device) -> list[str]:
     if device.kind == "xla" and not xla_available():
         return []
-    return list(ON_DEVICE.get(device.kind, ()))
+    return [b for b in ON_DEVICE.get(device.kind, ()) if not is_runtime(b) or installed_version(b)]
 
 
 # How a deployment holding the tuned module (`load_tuned`) runs it under the chosen backend:
@@ -202,8 +245,9 @@ def deployed(backend: str, module: nn.Module) -> nn.Module:
 PROBED: tuple[str, ...] = ("compile", "compile-cudagraphs")
 
 
-# Backends whose ahead-of-time compile runs in a child process (`tuner.backends.isolation`).
-CHILD_BUILT: tuple[str, ...] = ("inductor",)
+# Backends whose ahead-of-time compile runs in a child process (`tuner.backends.isolation`):
+# AOTInductor's package, and the runtimes' artifacts (`tuner.backends.runtime_build`).
+CHILD_BUILT: tuple[str, ...] = ("inductor", "openvino", "onnxruntime")
 
 
 def builds_in_child(backend: str, probe: bool) -> bool:

@@ -7,6 +7,7 @@ object to the file named by `--out`:
     fingerprint PROGRAM --out R.json                      {"fingerprint": ..., "footprint": [...]}
     load PROGRAM --out R.json                             {"loaded": true}
     verify ORIGINAL TUNED --config C.json --out R.json    {"mismatch": null | "why"}
+    runtime RUNTIME FILE --out R.json                     {"checked": true | false, ...}
     warm        import everything first, then run one of the above read from stdin (`checks.warm`)
 
 Exit codes are the tuner's (`tuner.contract.exit_codes`): 2 for a bad program, 3 for a refused one
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         one = sub.add_parser(name)
         one.add_argument("program", type=Path)
         one.add_argument("--out", type=Path, required=True)
+    rt = sub.add_parser("runtime")
+    rt.add_argument("runtime", choices=("openvino", "onnxruntime"))
+    rt.add_argument("artifact", type=Path)
+    rt.add_argument("--out", type=Path, required=True)
     ver = sub.add_parser("verify")
     ver.add_argument("original", type=Path)
     ver.add_argument("tuned", type=Path)
@@ -90,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             result = inspect_program(args.program)
         elif args.command == "load":
             result = _load(args.program)
+        elif args.command == "runtime":
+            from tuner.checks.runtime_artifact import check_runtime_artifact
+
+            result = check_runtime_artifact(args.runtime, args.artifact)
         else:
             result = _verify(args.original, args.tuned, args.config)
     except FxtuneError as exc:

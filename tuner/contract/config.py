@@ -16,8 +16,11 @@ from pydantic import BaseModel, Field
 # program serves), `sizes` (per-size figures), `refusals`, and per-size figures on decisions.
 # 3 added (defaulted: older configs read as inference configs): `mode` and `training`.
 # 4 added `buckets` (defaulted to none: one decision set for every size, as in 1 to 3).
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+# 5 added (defaulted: older configs read as before) `runtime` (the OpenVINO or ONNX Runtime
+# artifact a runtime backend ships), `fallback` (what runs where that runtime is not installed)
+# and `measured_under` (which backend each decision was measured under).
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 # A 95% interval of a speedup; a bound is None where too few rounds fitted to close it.
 Interval = tuple[float | None, float | None]
@@ -110,6 +113,9 @@ class Figures(Measured):
     name: str
     backend: str
     passes: list[PassStep]
+    # Seconds its runner took to build in this run (a compile, a runtime's conversion and
+    # load; None where nothing was built). Added in schema 5 (defaulted).
+    build_s: float | None = None
 
 
 class Verification(BaseModel):
@@ -154,6 +160,52 @@ class Bucket(BaseModel):
         return f"{self.dim} in [{self.min}, {top}]"
 
 
+class RuntimeArtifact(BaseModel):
+    """The file a runtime backend ships (`backend` is "openvino" or "onnxruntime"): what was
+    timed, as data (`tuner.backends.runtime_files`). `sha256` names the exact bytes, which the
+    service stores and a deployment fetches and checks; None where none ships (`reason`)."""
+
+    runtime: str
+    version: str  # the runtime's version it was built and timed with
+    format: str  # "onnx" | "openvino-ir-zip"
+    sha256: str | None = None
+    bytes: int | None = None
+    reason: str | None = None
+
+
+class Fallback(BaseModel):
+    """What a deployment runs where the chosen runtime is not installed (or its artifact cannot
+    be used): the fastest measured candidate that needs no runtime (the original if none was
+    faster), replayed from its passes under its backend."""
+
+    name: str
+    backend: str
+    passes: list[PassStep]
+    speedup: float | None = None  # over the original, as measured in the run
+
+
+class PassesUnder(BaseModel):
+    """How fxtune's passes fared under one backend: whole-model speedups over the original in
+    eager, of the backend alone and with each pass set (None: not measured there)."""
+
+    backend: str
+    alone: float | None = None
+    tuned_passes: float | None = None
+    every_pass: float | None = None
+
+
+class MeasuredUnder(BaseModel):
+    """What was measured under what: the per-site decisions (`sites`) are timed with each site
+    extracted and run in `site_backend` (eager); the whole-model choice is each candidate timed
+    as it ships, under its own backend (`candidates`, summarised here per backend). `notes`
+    says where a pass set that won under eager lost under the backend that ships, or the
+    reverse."""
+
+    site_backend: str = "eager"
+    backends: list[PassesUnder] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class TunedConfig(BaseModel):
     schema_version: int = SCHEMA_VERSION
     # "train": tuned as a training step (forward, loss, backward, optimizer step); replaying it
@@ -181,6 +233,10 @@ class TunedConfig(BaseModel):
     # whole range (`tuner.search.buckets`). Empty: `backend` and `passes` serve every size.
     # When set, `backend`, `passes` and `whole_model` are the decision of the example size's bucket.
     buckets: list[Bucket] = Field(default_factory=list)
+    # Set when `backend` is a runtime: its artifact, and what runs where it cannot.
+    runtime: RuntimeArtifact | None = None
+    fallback: Fallback | None = None
+    measured_under: MeasuredUnder = Field(default_factory=MeasuredUnder)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

@@ -27,6 +27,7 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from tuner.backends.registry import DEPLOYED, deployed
+from tuner.backends.runtimes import RUNTIMES, installed_version, is_runtime
 from tuner.contract.config import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
@@ -36,7 +37,7 @@ from tuner.contract.config import (
     TunedConfig,
 )
 from tuner.contract.device import Device
-from tuner.deploy.replay import apply_buckets, apply_config
+from tuner.deploy.replay import apply_buckets, apply_config, replay_steps
 from tuner.graph.fingerprint import model_fingerprint
 from tuner.graph.shapes import ShapeMismatch, ShapeSpec, spec_of
 from tuner.host.hardware import describe
@@ -419,7 +420,9 @@ def _tuned(
     else:
         tuned = apply_config(program, config)
         spec, module = _replayed(program, config.passes, tuned, device)
-        if compile:
+        if compile and is_runtime(config.backend):
+            module = _runtime_or_fallback(program, config, tuned, device, notes, mode, **fetch)
+        elif compile:
             module = _maybe_compiled(
                 module, config.backend, _example_inputs(program), device, notes
             )
@@ -476,6 +479,48 @@ def _maybe_compiled(
             f"{backend} failed ({type(exc).__name__}: {exc}); running the tuned passes without it"
         )
         return module
+
+
+def _runtime_or_fallback(
+    program: ExportedProgram,
+    config: TunedConfig,
+    tuned: Transformed,
+    device: Device,
+    notes: list[str],
+    mode: Mode,
+    *,
+    server: str,
+    cache_dir: Path | None = None,
+    token: str | None = None,
+    **_: Any,
+) -> nn.Module:
+    """The config's runtime artifact as a module (`tuner.deploy.runtime_module`), or, where
+    the runtime is not installed here or its artifact cannot be used, the config's fallback
+    (the next-best candidate it measured), with a note naming why."""
+    from tuner.deploy.runtime_module import (
+        RuntimeUnusable,
+        fallback_passes,
+        fetch_runtime_artifact,
+        load_runtime_module,
+    )
+
+    try:
+        if device.kind != "cpu":
+            raise RuntimeUnusable(f"{config.backend} runs on the CPU, not on {device}")
+        if installed_version(config.backend) is None:
+            hint = RUNTIMES[config.backend].install_hint()
+            raise RuntimeUnusable(f"{config.backend} is not installed ({hint})")
+        root = cache_dir or DEFAULT_CACHE
+        artifact = fetch_runtime_artifact(
+            config, server=server, cache_dir=root, token=token, mode=mode
+        )
+        return load_runtime_module(program, config, artifact, tuned)
+    except RuntimeUnusable as exc:
+        backend, passes, name = fallback_passes(config)
+        notes.append(f"the config chose {config.backend}, but {exc}: running its fallback, {name}")
+    fallback = replay_steps(program, passes)
+    _, module = _replayed(program, passes, fallback, device)
+    return _maybe_compiled(module, backend, _example_inputs(program), device, notes)
 
 
 def _dispatching(

@@ -23,7 +23,6 @@ anyway at one function call of cost.
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from tuner.graph.copying import deep_copy
 from tuner.passes.overlap_comm_compute import STARTS, WAIT
 
 _c10d = torch.ops._c10d_functional
@@ -58,7 +58,7 @@ def timed_wait_tensor(x: torch.Tensor) -> torch.Tensor:
 
 def instrumented(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of `gm` whose all-to-all requests and waits run through the clock wrappers."""
-    copied = copy.deepcopy(gm)
+    copied = deep_copy(gm)
     for node in copied.graph.nodes:
         if node.op != "call_function":
             continue

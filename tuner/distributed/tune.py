@@ -22,7 +22,6 @@ carries every rank's figures.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import time
@@ -47,6 +46,7 @@ from tuner.distributed.overlap_profile import (
 )
 from tuner.distributed.ranks import default_backend, run_ranks
 from tuner.graph.capture import Inputs, example_inputs, save_program, to_graph_module, to_program
+from tuner.graph.copying import deep_copy
 from tuner.graph.fingerprint import model_fingerprint
 from tuner.graph.sites import Site
 from tuner.host.hardware import describe
@@ -248,7 +248,7 @@ def tune_rank(
         x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs(program)
     )
     original = to_graph_module(program).to(device)
-    current = copy.deepcopy(original)
+    current = deep_copy(original)
     graph_pass = get_pass(PASS)
     sites = graph_pass.find_sites(current)
     _agree([s.id for s in sites], "the sites of overlap_comm_compute")
@@ -257,7 +257,7 @@ def tune_rank(
     timed: list[str] = []  # the sites that passed the check and were timed
     only_timing: LockstepTiming | None = None
     for site in sites:
-        candidate = apply_steps(copy.deepcopy(current), inputs, [(PASS, [site.id])]).gm
+        candidate = apply_steps(deep_copy(current), inputs, [(PASS, [site.id])]).gm
         ok, worst = _outputs_match(current, candidate, inputs, o.check_inputs)
         c = None
         timing = None
@@ -278,7 +278,7 @@ def tune_rank(
             current = candidate
         decisions.append(decision)
         entries.append(_report_site(decision, worst, c, timing))
-    rewritten = copy.deepcopy(original)
+    rewritten = deep_copy(original)
     if timed:
         rewritten = apply_steps(rewritten, inputs, [(PASS, timed)]).gm
     overlap = _profile(original, rewritten, inputs, o, only_timing, device)

@@ -40,15 +40,14 @@ absolute difference, and that relative to the reference's largest magnitude.
 
 from __future__ import annotations
 
-import copy
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
+from tuner.graph.copying import deep_copy
 from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.inputs import cloned, distinct_inputs, same_inputs
@@ -85,8 +84,8 @@ def float64_copy(module: Any) -> torch.nn.Module | None:
     if size > MAX_FLOAT64_BYTES:
         return None
     try:
-        with torch.no_grad(), warnings.catch_warnings(action="ignore", category=FutureWarning):
-            return copy.deepcopy(module).double()
+        with torch.no_grad():
+            return deep_copy(module).double()
     except Exception as exc:
         failures.fallback(exc, "a float64 copy of the reference", failures.anything)
         return None

@@ -16,7 +16,11 @@ Here instead:
 - the result is the ratio with a confidence interval (`tuner.measure.summary`), sampling stops
   when that interval is narrow or the budget ends, and a candidate counts as faster only when
   the whole interval clears 1 + epsilon (`tuner.measure.verdicts`);
-- the raw samples are kept, so a decision can be re-examined later.
+- the raw samples are kept, so a decision can be re-examined later;
+- where a variant runs on a thread pool of its own (OpenVINO, ONNX Runtime), whose threads keep
+  spinning after a call and slow whatever runs next, each sample is a block of consecutive
+  calls after an untimed lead-in call (`Blocks`): timed as single calls, AOTInductor on
+  bert_mini read 0.66x eager beside the runtimes, and blocks agree with separate processes.
 
 One round loop (`run_rounds`) does this wherever it runs. What differs between one process and
 ranks in lockstep is a `Sampler`: how one sample is taken, which figure of a round every
@@ -248,6 +252,22 @@ class LocalSampler:
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """How one sample is taken: `lead_in` untimed calls of the variant first (they absorb what
+    the variant before left spinning), then at least `min_calls` timed calls in a row, as far
+    as a round's share of the budget allows. `SINGLE` (the default) is neither."""
+
+    lead_in: int = 0
+    min_calls: int = 1
+
+
+SINGLE = Blocks()
+# For comparisons where a side keeps its own thread pool (`tuner.backends.registry.
+# OWN_THREAD_POOL`): a lead-in call and blocks of ten, as the issue 48 measurements did.
+POOLED = Blocks(lead_in=1, min_calls=10)
+
+
+@dataclass(frozen=True)
 class RoundRules:
     """When rounds start, how long samples are, and when sampling stops (`run_rounds`)."""
 
@@ -259,6 +279,7 @@ class RoundRules:
     confidence: float = 0.95
     seed: int = 0
     min_sample_s: float = MIN_SAMPLE_S
+    blocks: Blocks = SINGLE
 
 
 TARGET_CI_ENV = "FXTUNE_TIMING_TARGET_CI"
@@ -340,30 +361,35 @@ def _calibrate(
     variants: Sequence[Callable[[], Any]],
     min_sample_s: float,
     round_cap_s: float,
+    blocks: Blocks = SINGLE,
 ) -> tuple[int, float]:
     """Calls per sample (every variant alike) and the expected length of one round.
 
-    The fastest variant sets `inner` so that its samples last min_sample_s; the cap keeps a
-    much slower one from making one round eat the budget.
+    The fastest variant sets `inner` so that its samples last min_sample_s (and at least
+    `blocks.min_calls`); the cap keeps a much slower one from making one round eat the budget.
     """
     per_call = [_per_call_s(sampler, fn, min_sample_s) for fn in variants]
-    ideal = math.ceil(min_sample_s / max(min(per_call), 1e-9))
-    cap = math.floor(round_cap_s / max(sum(per_call), 1e-9))
+    ideal = max(math.ceil(min_sample_s / max(min(per_call), 1e-9)), blocks.min_calls)
+    cap = math.floor(round_cap_s / max(sum(per_call), 1e-9)) - blocks.lead_in
     inner = max(1, min(ideal, cap))
-    return inner, inner * sum(per_call)
+    return inner, (inner + blocks.lead_in) * sum(per_call)
 
 
-def _fit_rounds(inner: int, round_s: float, left_s: float, rounds_left: int) -> tuple[int, float]:
+def _fit_rounds(
+    inner: int, round_s: float, left_s: float, rounds_left: int, lead_in: int = 0
+) -> tuple[int, float]:
     """Fewer calls per sample when rounds run longer than calibrated (a machine that got busy).
 
     Samples are seconds per call and each ratio pairs samples of one round, so `inner` may
-    change between rounds; reaching min_rounds matters more than 2 ms samples.
+    change between rounds; reaching min_rounds matters more than 2 ms samples (or long
+    blocks: the lead-in call still absorbs what the variant before left behind).
     """
     allowed = left_s / max(rounds_left, 1)
     if round_s <= allowed or inner == 1:
         return inner, round_s
-    smaller = max(1, math.floor(inner * allowed / round_s))
-    return smaller, round_s * smaller / inner
+    per_call = round_s / (inner + lead_in)
+    smaller = max(1, math.floor(allowed / per_call) - lead_in)
+    return smaller, per_call * (smaller + lead_in)
 
 
 def _warm_up(
@@ -400,7 +426,8 @@ def run_rounds(
     stopped = "max_rounds"
     _warm_up(sampler, variants, r.warmup, time.perf_counter() + r.budget_s / 4)
     round_cap = r.budget_s / (2 * max(r.min_rounds, 1))
-    inner, round_s = _calibrate(sampler, variants, r.min_sample_s, round_cap)
+    lead_in = r.blocks.lead_in
+    inner, round_s = _calibrate(sampler, variants, r.min_sample_s, round_cap, r.blocks)
     while len(agreed[0]) < r.max_rounds:
         if sampler.time_left(deadline) < round_s:
             stopped = "budget"
@@ -408,6 +435,9 @@ def run_rounds(
         started = time.perf_counter()
         times = [0.0] * len(variants)
         for v in order.sample(range(len(variants)), len(variants)):
+            if lead_in:
+                sampler.line_up()
+                sampler.sample(variants[v], lead_in)  # untimed: what the last variant left
             sampler.line_up()
             times[v] = sampler.sample(variants[v], inner)
         *figures, round_s = sampler.agree([*times, time.perf_counter() - started])
@@ -423,7 +453,7 @@ def run_rounds(
                     break
         else:
             left = sampler.time_left(deadline)
-            inner, round_s = _fit_rounds(inner, round_s, left, r.min_rounds - done)
+            inner, round_s = _fit_rounds(inner, round_s, left, r.min_rounds - done, lead_in)
     return Rounds(agreed, own, inner, stopped)
 
 
@@ -442,10 +472,12 @@ def compare(
     min_sample_s: float = MIN_SAMPLE_S,
     threads: int | None = None,
     clock: Clock = "wall",
+    blocks: Blocks = SINGLE,
 ) -> Comparison:
     """Interleaved A/B timing on this process (`run_rounds` with this device's timer, on
     `clock`; the budget is wall time either way). Unnamed, `max_rounds` and `target_rel_ci`
-    are this process's `stop_settings()`.
+    are this process's `stop_settings()`. `blocks`: `POOLED` where a side runs on a thread pool
+    of its own.
 
     With fewer rounds than the confidence level needs (6 at 95 %), the interval is (0, inf)
     and the verdict 'within noise'.
@@ -456,7 +488,15 @@ def compare(
     device = Device.parse(device)
     timer, timing_ctx, pinned = _timing_setup(device, threads, clock)
     rules = RoundRules(
-        budget_s, warmup, min_rounds, max_rounds, target_rel_ci, confidence, seed, min_sample_s
+        budget_s,
+        warmup,
+        min_rounds,
+        max_rounds,
+        target_rel_ci,
+        confidence,
+        seed,
+        min_sample_s,
+        blocks,
     )
     with timing_ctx, torch.inference_mode():
         rounds = run_rounds([baseline, candidate], LocalSampler(timer), rules)

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from tuner.graph.capture import refresh_meta
+from tuner.graph.copying import deep_copy
 from tuner.graph.nodes import TRAIN_KEY, is_training
 from tuner.graph.sites import Site
 from tuner.host.torch_compat import pytree
@@ -93,7 +94,7 @@ class SiteModule:
     def clone(self) -> SiteModule:
         """An independent copy (weights included) for a candidate rewrite to mutate."""
         return SiteModule(
-            copy.deepcopy(self.gm),
+            deep_copy(self.gm),
             _detached_copy(self.inputs),
             list(self.input_names),
             list(self.output_names),
@@ -155,7 +156,7 @@ def _copy_attr(obj: Any) -> Any:
         return torch.nn.Parameter(obj.detach().clone(), requires_grad=obj.requires_grad)
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
-    return copy.deepcopy(obj)
+    return deep_copy(obj)
 
 
 def extract_site(

@@ -20,7 +20,6 @@ search.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from torch import fx
 from tuner.contract.config import PassStep, Refusal, SiteDecision, Verdict
 from tuner.contract.device import CPU, Device
 from tuner.graph.capture import Inputs, refresh_meta
+from tuner.graph.copying import deep_copy
 from tuner.graph.sites import Site
 from tuner.graph.sizes import SizePoint
 from tuner.host import failures
@@ -190,7 +190,7 @@ class SiteSearch:
     ) -> _Pair | None:
         """The site extracted with the real values flowing into it, and its rewritten copy."""
         piece = extract_site(gm, site.nodes, values)
-        cand = copy.deepcopy(piece.gm)
+        cand = deep_copy(piece.gm)
         same = find_same_site(graph_pass, cand, site)
         if same is None:
             return None
@@ -205,7 +205,7 @@ class SiteSearch:
 
         The packing of inputs happens in the caller's input pipeline, so it is not timed.
         """
-        cand = apply_steps(copy.deepcopy(gm), inputs, [(site.pass_name, {site.id})])
+        cand = apply_steps(deep_copy(gm), inputs, [(site.pass_name, {site.id})])
         return _Pair(gm, cand.gm, inputs, cand.pack)
 
     def _decide(

@@ -12,7 +12,6 @@ that the step's backward covers every output.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from tuner.contract.training import OPTIMIZER_NAMES
+from tuner.graph.copying import deep_copy
 from tuner.host import failures
 from tuner.host.torch_compat import pytree
 from tuner.measure.equivalence import (
@@ -196,7 +196,7 @@ def eager_runner(
     module: nn.Module, optimizer: str | None, device: torch.device | None = None
 ) -> TrainRunner:
     """A runner on a private copy (recording and timing never touch `module`)."""
-    return TrainRunner(copy.deepcopy(module), optimizer, device=device)
+    return TrainRunner(deep_copy(module), optimizer, device=device)
 
 
 def compiled_runner(
@@ -211,7 +211,7 @@ def compiled_runner(
     The module itself is compiled, not a loss wrapper: each module has its own forward code
     and so its own compile cache entry, where one shared wrapper's would fill dynamo's limit.
     """
-    own = copy.deepcopy(module)
+    own = deep_copy(module)
     compiled = torch.compile(own, options={"fallback_random": True})
 
     def forward(*inputs: Any) -> tuple[torch.Tensor, Any]:
@@ -284,7 +284,7 @@ class ReferenceSteps:
 
     def _record(self, i: int) -> tuple[StepRecord, StepRecord, StepRecord | None]:
         if not self._records:
-            ref = TrainRunner(copy.deepcopy(self.module), self.optimizer)
+            ref = TrainRunner(deep_copy(self.module), self.optimizer)
             twin = _float64_runner(self.module, self.optimizer)
             for j, inputs in enumerate(self.inputs_list):
                 first = ref.record(inputs, self.seed + j)

@@ -8,7 +8,6 @@ in the config says why.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -19,9 +18,11 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from tuner.backends.compile_time import CompileTimes
+from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import Bucket, Figures, Verdict, Verification
 from tuner.contract.device import Device
 from tuner.deploy.dispatch import dispatching_program
+from tuner.graph.copying import deep_copy
 from tuner.graph.sizes import SizePoint
 from tuner.host import failures
 from tuner.measure.equivalence import ReferenceMemo, ReferenceOutputs
@@ -108,8 +109,12 @@ def bucketed(
     if not plans:
         return Bucketed(note="one decision for every size measured")
     by_name = {c.name: (c, f) for c, f in zip(candidates, figures, strict=True)}
-    if any(by_name[p.winner][0].transformed.packers for p in plans if p.winner != ORIGINAL):
+    winners = [by_name[p.winner][0] for p in plans if p.winner != ORIGINAL]
+    if any(c.transformed.packers for c in winners):
         return Bucketed(note="not bucketed: a bucket's winner changes the inputs")
+    head = by_name.get(chosen)
+    if any(is_runtime(c.backend) for c in winners) or (head and is_runtime(head[0].backend)):
+        return Bucketed(note="not bucketed: a runtime's winner serves every size from one artifact")
     outcomes: list[BucketOutcome] = []
     checks: list[Verification] = []
     for plan in plans:
@@ -179,7 +184,7 @@ def _verify_bucket(
     """A bucket's decision replayed from the original and its runner, both checked at the
     sizes measured inside the bucket; a bucket that fails runs the original instead."""
     if plan.winner == ORIGINAL:
-        replay = Transformed(copy.deepcopy(captured.gm), captured.inputs)
+        replay = Transformed(deep_copy(captured.gm), captured.inputs)
         check = Verification(inputs=0, max_abs_error=0.0, max_rel_error=0.0, passed=True)
         return BucketOutcome(to_bucket(plan, None), replay, captured.gm), check
     cand, fig = by_name[plan.winner]
@@ -191,7 +196,7 @@ def _verify_bucket(
         check = check.model_copy(update={"reason": f"{plan.winner} at {plan.measured}: {wrong}"})
         bucket = to_bucket(dataclasses.replace(plan, winner=ORIGINAL), None)
         bucket.reason = f"{plan.winner} failed verification ({wrong}); the original runs here"
-        replay = Transformed(copy.deepcopy(gm0), captured.inputs)
+        replay = Transformed(deep_copy(gm0), captured.inputs)
         return BucketOutcome(bucket, replay, gm0), check
     package = cand.package if cand.backend == "inductor" else None
     return BucketOutcome(to_bucket(plan, fig), replay, runner, package), check

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from tuner.backends import registry as backends
+from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import Figures, Verdict
 from tuner.graph.sizes import SizePoint
 from tuner.measure.timing import fixed_threads, process_clock_step_ns, quick_per_call_s
@@ -42,14 +43,15 @@ STOPPABLE_SHARE = 0.5
 SIZE_CALLS = 32
 # A head-to-head (`Judge.runoff`) gets up to this many whole-model timings.
 RUNOFF_SPAN = 3
-# Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation).
-STOPPABLE = ("inductor",)
+# Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation):
+# AOTInductor's, and the runtimes' artifacts.
+STOPPABLE = backends.CHILD_BUILT
 # Per device kind, the peer expected to run fastest: when the peers cannot all go first, it goes
 # first (alone if need be) where this machine's history says its build fits, instead of the
 # quickest build. On a CPU, AOTInductor runs Inductor's kernels without torch.compile's guards:
 # at or above torch.compile on all twelve zoo models at 300 s here (1.00-1.75x,
-# bench/out/zoo-300s.json), where at 60 s torch.compile went first and AOTInductor never fitted
-# after it.
+# the zoo's 300 s run of 2026-11-26, in git history of bench/out/), where at 60 s torch.compile
+# went first and AOTInductor never fitted after it.
 FASTEST_PEER: dict[str, str] = {"cpu": "inductor"}
 
 
@@ -119,6 +121,16 @@ class Budget:
         if measured or cand.backend in STOPPABLE:
             return estimate
         return IN_PROCESS_MARGIN * estimate
+
+    def cheapest_first(self, cands: list[Candidate]) -> list[Candidate]:
+        """`cands` with those that build in seconds first (eager: no build; a runtime's artifact:
+        2-6 s on the zoo's models here) and the compilers' (AOTInductor's 10-30 s) after them,
+        each group in its own order (the searched passes before every pass), so a short budget
+        is spent on what it can finish."""
+        slow = [c.backend in backends.COMPILING and not is_runtime(c.backend) for c in cands]
+        return [c for c, s in zip(cands, slow, strict=True) if not s] + [
+            c for c, s in zip(cands, slow, strict=True) if s
+        ]
 
     def runoff_s(self, left: float) -> float | None:
         """Seconds for a head-to-head between two tied candidates (`Judge.runoff`), leaving

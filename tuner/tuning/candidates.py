@@ -8,7 +8,6 @@ the same for every kind, and are here.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from torch import fx
 from tuner.contract.config import PassStep, SiteDecision, Verdict
 from tuner.deploy.replay import steps_of
 from tuner.graph.capture import Inputs
+from tuner.graph.copying import deep_copy
 from tuner.graph.shapes import ShapeSpec
 from tuner.graph.sites import Site
 from tuner.graph.sizes import SizePoint
@@ -102,7 +102,7 @@ def size_candidates(
         if not steps or steps in seen:
             continue
         seen.append(steps)
-        built = apply_steps(copy.deepcopy(gm0), inputs, steps_of(steps))
+        built = apply_steps(deep_copy(gm0), inputs, steps_of(steps))
         if steps_from_sites(built.applied) != steps:
             continue
         out += [

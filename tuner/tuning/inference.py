@@ -8,7 +8,6 @@ are checked and timed at each of them.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -22,6 +21,7 @@ from tuner.backends.isolation import CompileOverrun
 from tuner.contract.config import Figures, Mode, PassStep, TunedConfig
 from tuner.deploy.replay import steps_of
 from tuner.graph.capture import Inputs, example_inputs, to_graph_module
+from tuner.graph.copying import deep_copy
 from tuner.graph.shapes import spec_of
 from tuner.graph.sizes import SizePoint, size_points
 from tuner.host import failures
@@ -166,12 +166,12 @@ def forward_candidates(
     # Building a runner never changes its module (eager runs it, inductor exports it), so
     # one rewritten module serves every backend, as gm0 serves the baseline and the peers.
     try:
-        blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+        blind = apply_steps(deep_copy(gm0), inputs, [(p, None) for p in every])
     except Exception as exc:  # only the "every pass" candidates are lost
         failures.fallback(exc, "applying every pass")
         blind = Transformed(gm0, inputs)
     blind_steps = steps_from_sites(blind.applied)
-    tuned = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy)) if greedy else None
+    tuned = apply_steps(deep_copy(gm0), inputs, steps_of(greedy)) if greedy else None
     blind_differs = bool(blind.applied) and blind_steps != greedy
     original = Transformed(gm0, inputs)
     out = [Candidate(b, b, [], original) for b in backends.PEERS if b in wanted]

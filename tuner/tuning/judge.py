@@ -11,17 +11,20 @@ candidates that tie against the original, `runoff` times them against each other
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from torch import fx
 
 from tuner.backends.isolation import CompileCrashed, CompileOverrun
+from tuner.backends.registry import OWN_THREAD_POOL
+from tuner.backends.runtime_build import NotForRuntime
 from tuner.contract.config import Figures, Verdict
 from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
 from tuner.host import failures
-from tuner.measure.timing import compare
+from tuner.measure.timing import POOLED, SINGLE, Blocks, compare
 from tuner.measure.verdicts import Comparison, timing_fields, verdict
 from tuner.search.across_sizes import combined_verdict, size_figures
 from tuner.search.buckets import ORIGINAL
@@ -31,6 +34,12 @@ from tuner.tuning.candidates import WRONG, Candidate
 from tuner.tuning.choose import Runoff, contest, margin
 from tuner.tuning.run import Captured, TuningRun
 from tuner.tuning.step_kind import StepKind
+
+
+def blocks_for(*candidates: Candidate) -> Blocks:
+    """Blocks of calls where a side runs on a thread pool of its own (a runtime): its threads
+    spin on after a call and would slow the other side's next one."""
+    return POOLED if any(c.backend in OWN_THREAD_POOL for c in candidates) else SINGLE
 
 
 class Judge:
@@ -66,6 +75,7 @@ class Judge:
         skip = self.budget.check_wont_fit(left) or self.budget.compile_wont_fit(cand, left)
         if skip is not None:
             return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=skip)
+        began = time.monotonic()
         try:
             with self.run.clocked("building"):
                 built = self.kind.build(cand, self.budget.build_timeout(left))
@@ -75,11 +85,14 @@ class Judge:
         except CompileCrashed as exc:
             failures.fallback(exc, f"building candidate {cand.name}")
             return Figures(**fig, verdict=Verdict.CRASHED, reason=str(exc))
+        except NotForRuntime as exc:  # a training step, a program that mutates its buffers
+            return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=str(exc))
         except Exception as exc:
             reason = failures.fallback(exc, f"building candidate {cand.name}").reason
             return Figures(**fig, verdict=Verdict.FAILED_TO_RUN, reason=reason)
         runner = cand.runner = built.runner
         cand.package = built.package
+        fig["build_s"] = round(time.monotonic() - began, 2)
         points = self.run.points
         per_size = []
         baseline = self.kind.baseline(captured.gm)
@@ -148,6 +161,7 @@ class Judge:
                 if timing_s
                 else self.run.timing_budget(),
                 clock=self.run.clock,
+                blocks=blocks_for(cand),
             )
         self.run.timed += 1
         if c.rounds == 0:
@@ -182,6 +196,7 @@ class Judge:
             device=self.run.device,
             budget_s=budget_s,
             clock=self.run.clock,
+            blocks=blocks_for(challenger, holder),
         )
         self.run.timed += 1
         self.run.samples[f"runoff:{challenger.name} vs {holder.name}"] = {

@@ -30,6 +30,10 @@ class TuneOptions:
     backends: list[str] | None = None  # default: every backend available for the device
     passes: list[str] | None = None  # default: every registered pass
     cache_path: Path | None = None
+    # Where the run's new decisions and compile times go (`decisions.json`, `compile_times.json`
+    # in this folder); the stores at `cache_path` are then only read. A worker's jobs: the worker
+    # checks what a job recorded before merging it into the store every job reads.
+    cache_out: Path | None = None
     workdir: Path | None = None  # where compiled packages go; a temporary folder by default
     # CPU threads for the whole run (and the hardware key). On a shared machine fewer threads
     # than cores keeps other processes from stalling multi-threaded kernels mid-measurement.
@@ -54,6 +58,10 @@ class TuneOptions:
     # Where compile children come from (`tuner.backends.isolation.Children`); `tuning_session`
     # makes one for the run (started ahead where compiles are isolated). None: one per compile.
     children: Children | None = None
+
+    @property
+    def new_decisions_path(self) -> Path | None:
+        return None if self.cache_out is None else self.cache_out / "decisions.json"
 
     @property
     def isolates(self) -> bool:

@@ -1,7 +1,9 @@
-"""What a tuning run leaves behind: the tuned program, the AOTInductor package, profiles, report."""
+"""What a tuning run leaves behind: the tuned program, the AOTInductor package or the runtime's
+artifact, profiles, report."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -15,6 +17,11 @@ import torch
 
 from tuner.backends import registry as backends
 from tuner.backends.isolation import compile_aoti_in_child
+from tuner.backends.runtime_build import load_runner
+from tuner.backends.runtime_files import check_artifact
+from tuner.backends.runtimes import RUNTIMES, is_runtime
+from tuner.contract.aoti_manifest import Expected, add_manifest
+from tuner.contract.config import TunedConfig
 from tuner.contract.device import Device
 from tuner.contract.errors import FxtuneError
 from tuner.graph.capture import example_inputs, save_program, to_program
@@ -50,6 +57,9 @@ def write_outputs(
         _bucket_packages(outcome, out, report, artifacts, say)
     elif config.backend == "inductor":
         _package(outcome, out, report, artifacts, say)
+    elif is_runtime(config.backend):
+        _runtime_artifact(outcome, out, report, artifacts, say)
+    _add_manifests(config, report, artifacts)
     clock = _lap(stages, "package", clock)
     profiles = _profiles(outcome, out, report, artifacts, say) if profile else {}
     _lap(stages, "profiles", clock)
@@ -100,6 +110,64 @@ def _package(
         artifacts["aoti_refused"] = "; ".join(refused)
 
 
+def _add_manifests(config: TunedConfig, report: Path, artifacts: dict[str, Any]) -> None:
+    """fxtune's manifest in every package shipped (`tuner.contract.aoti_manifest`): the service
+    stores a package only with one that names this model and device."""
+    expected = Expected(config.model_fingerprint, Device.parse(config.hardware["device"]).kind)
+    listed = [artifacts.get("aoti"), *(b.get("aoti") for b in artifacts.get("buckets") or [])]
+    for rel in {r for r in listed if r}:
+        add_manifest(report.parent / rel, expected, str(config.hardware["torch"]))
+
+
+def runtime_path_for(program_path: Path, runtime: str) -> Path:
+    """`tuned.pt2` -> `tuned.onnx` (ONNX Runtime) or `tuned.openvino.zip` (OpenVINO)."""
+    stem = program_path.name.removesuffix(".pt2")
+    return program_path.with_name(stem + RUNTIMES[runtime].suffix)
+
+
+def _runtime_artifact(
+    outcome: TuneOutcome, out: Path, report: Path, artifacts: dict[str, Any], say: Any
+) -> None:
+    """The runtime's artifact that was timed, shipped only when it is data alone (`tuner.
+    backends.runtime_files`) and answers as the original at every size tuned at; its digest
+    goes into the config (`runtime.sha256`), which binds the config to these exact bytes."""
+    config = outcome.config
+    record = config.runtime
+    if record is None:
+        return
+    say(0.94, f"writing the {config.backend} artifact")
+    if outcome.package is None:
+        record.reason = "the run kept no artifact of the chosen candidate"
+        return
+    path = runtime_path_for(out, config.backend)
+    shutil.copyfile(outcome.package, path)
+    device = Device.parse(config.hardware["device"])
+    original = outcome.original.module().to(device.torch_device)
+    trials = [tuple(to_device(x, device) for x in p.inputs) for p in outcome.points] or [
+        tuple(to_device(x, device) for x in example_inputs(outcome.original))
+    ]
+    try:
+        check_artifact(config.backend, path)
+        runner = load_runner(
+            config.backend, path, outcome.original.call_spec.out_spec, torch.get_num_threads()
+        )
+        pack = outcome.tuned.pack
+        wrong, errors = ReferenceOutputs(original, trials).check_with_errors(
+            lambda *a: runner(*pack(a))
+        )
+    except Exception as exc:  # refused as data, or it failed to load or run: it does not ship
+        wrong, errors = f"{type(exc).__name__}: {exc}", None
+    if wrong is not None or errors is None:
+        path.unlink()
+        record.reason = f"{path.name} refused: {wrong}"
+        artifacts["runtime_refused"] = record.reason
+        return
+    record.sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    record.bytes = path.stat().st_size
+    artifacts["runtime"] = _rel(path, report)
+    artifacts["runtime_max_abs_error"] = errors.max_abs
+
+
 def _profiles(
     outcome: TuneOutcome, out: Path, report: Path, artifacts: dict[str, Any], say: Any
 ) -> dict[str, Any]:
@@ -136,6 +204,11 @@ def _profiles(
                 fn, device=device, iterations=iterations, trace_path=trace
             ).to_dict()
             artifacts["traces"][name] = _rel(trace, report)
+    if is_runtime(config.backend) and not unchanged:
+        notes.append(
+            f"tuned profile: one {config.backend} call per iteration, whose kernels torch's "
+            "profiler does not see (its time counts as overhead)"
+        )
     if notes:
         tuned = dict(profiles["tuned"])
         tuned["missing"] = [*tuned.get("missing", []), *notes]

@@ -102,11 +102,12 @@ class TuningRun:
             device=device,
             hardware=hardware,
             hardware_key=hardware_key(hardware),
-            cache=open_decision_cache(options.cache_path),
+            cache=open_decision_cache(options.cache_path, options.new_decisions_path),
             compile_times=CompileTimes.for_cache(
                 options.cache_path,
                 load.slowdown,
                 {b: load.child_slowdown for b in BACKENDS if builds_in_child(b, options.isolates)},
+                options.cache_out,
             ),
             workdir=options.workdir,
             isolate=options.isolates,

@@ -28,7 +28,6 @@ Differences from inference, each for a reason:
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -49,6 +48,7 @@ from tuner.contract.config import (
 from tuner.contract.errors import InputError
 from tuner.deploy.replay import replay_steps, steps_of
 from tuner.graph.capture import Inputs, example_inputs, to_graph_module
+from tuner.graph.copying import deep_copy
 from tuner.graph.nodes import arg, aten
 from tuner.graph.shapes import spec_of
 from tuner.host import failures
@@ -103,7 +103,7 @@ def loss_rule(gm: fx.GraphModule, inputs: Inputs) -> str:
     Run on a copy: a training graph's batch norms update their running statistics in place.
     """
     with torch.no_grad():
-        flat = pytree.tree_flatten(copy.deepcopy(gm)(*inputs))[0]
+        flat = pytree.tree_flatten(deep_copy(gm)(*inputs))[0]
     for j, t in enumerate(flat):
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 0:
             return f"the program's scalar output {j}"
@@ -269,7 +269,7 @@ def training_candidates(
     """The trainable peers (`wanted` but eager), then under each backend the winning sites,
     every pass, and each pass that fires on its own (under eager), each pass set once."""
     try:
-        blind = apply_steps(copy.deepcopy(gm0), inputs, [(p, None) for p in every])
+        blind = apply_steps(deep_copy(gm0), inputs, [(p, None) for p in every])
     except Exception as exc:  # only the "every pass" candidates are lost
         failures.fallback(exc, "applying every pass")
         blind = Transformed(gm0, inputs)
@@ -281,12 +281,12 @@ def training_candidates(
     seen = [blind_steps]
     if greedy and greedy not in seen:
         seen.append(greedy)
-        won = apply_steps(copy.deepcopy(gm0), inputs, steps_of(greedy))
+        won = apply_steps(deep_copy(gm0), inputs, steps_of(greedy))
         out += [Candidate(f"{b} + winning sites", b, greedy, won) for b in wanted]
     out += [Candidate(f"{b} + every pass", b, blind_steps, blind) for b in wanted]
     if len(blind_steps) > 1 and "eager" in wanted:
         for step in blind_steps:
-            alone = apply_steps(copy.deepcopy(gm0), inputs, [(step.pass_name, None)])
+            alone = apply_steps(deep_copy(gm0), inputs, [(step.pass_name, None)])
             steps = steps_from_sites(alone.applied)
             if steps and steps not in seen:
                 seen.append(steps)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from tuner.backends.runtimes import RUNTIMES, installed_runtimes, is_runtime
 from tuner.contract.config import Figures, Mode, TunedConfig
 from tuner.search.site_search import SearchResult
+from tuner.tuning.measured_under import fallback_of, measured_under, runtime_artifact
 from tuner.tuning.run import Captured, TuningRun, Verified
 
 
@@ -22,6 +24,8 @@ def tuned_config(
 ) -> TunedConfig:
     chosen = verified.candidate
     seconds = time.monotonic() - run.started
+    runtime = is_runtime(chosen.backend)
+    has_sites = any(d.accepted for d in search.decisions)
     return TunedConfig(
         mode=mode,
         model_fingerprint=fingerprint,
@@ -56,10 +60,34 @@ def tuned_config(
             "epsilon": run.options.epsilon,
             "sizes": [{"label": p.label, "sizes": p.sizes} for p in run.points],
             "sizes_skipped": captured.skipped,
+            "runtimes": runtimes_note(run, mode),
         },
         shapes=captured.spec.to_dict() if captured.spec is not None else {},
         refusals=search.refusals,
+        runtime=runtime_artifact(chosen.backend),
+        fallback=fallback_of(figures) if runtime else None,
+        measured_under=measured_under(figures, chosen.backend, has_sites),
     )
+
+
+def runtimes_note(run: TuningRun, mode: Mode) -> dict[str, str]:
+    """Per runtime (OpenVINO, ONNX Runtime): its version where this run could build it, else
+    why it was not a candidate (not installed, not this device, a training step)."""
+    found = installed_runtimes()
+    wanted = run.backends()
+    note: dict[str, str] = {}
+    for name, runtime in RUNTIMES.items():
+        if name not in found:
+            note[name] = f"not installed ({runtime.install_hint()})"
+        elif run.device.kind != "cpu":
+            note[name] = f"not offered: it runs on the CPU, this run on {run.device.kind}"
+        elif mode != "infer":
+            note[name] = "not offered: a training step (the runtimes run inference only)"
+        elif name not in wanted:
+            note[name] = f"{found[name]}, not among the backends asked for"
+        else:
+            note[name] = found[name]
+    return note
 
 
 def _by_step(spent: dict[str, float], seconds: float) -> dict[str, float]:

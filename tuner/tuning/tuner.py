@@ -16,7 +16,6 @@ forward or a training step, is the step kind's alone (`tuner.tuning.modes.STEP_K
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import tempfile
 import time
@@ -30,8 +29,10 @@ from torch.export import ExportedProgram
 
 from tuner.backends import registry as backends
 from tuner.backends.isolation import Children
+from tuner.backends.runtimes import installed_version, is_runtime
 from tuner.contract.config import Figures, TunedConfig
 from tuner.graph.capture import on_device, to_graph_module
+from tuner.graph.copying import deep_copy
 from tuner.graph.fingerprint import graph_fingerprint
 from tuner.graph.sizes import SizePoint
 from tuner.host import failures
@@ -80,7 +81,9 @@ class TuneOutcome:
     tuned: Transformed
     runner: Callable[..., Any]
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    package: Path | None = None  # the AOTInductor package of the chosen module, if inductor
+    # The file that ships with the chosen module: its AOTInductor package under inductor, its
+    # artifact under a runtime (`tuner.backends.runtime_build`).
+    package: Path | None = None
     points: list[SizePoint] = field(default_factory=list)  # the sizes tuned at, example first
     # time.monotonic() at which the run's budget ends, and the estimated compile of the
     # package's instrumented twin (None: unknown): the profile step builds it only if it fits.
@@ -116,6 +119,15 @@ def tuning_session(options: TuneOptions) -> Iterator[TuneOptions]:
         yield dataclasses.replace(options, workdir=workdir, children=children)
 
 
+def _builds_runtimes(options: TuneOptions) -> bool:
+    """Whether the run may build a runtime's artifact (an inference run on a CPU that has one)."""
+    device = options.device
+    if options.mode != "infer" or device.kind != "cpu":  # type: ignore[union-attr]
+        return False
+    wanted = options.backends or backends.available_backends(device)  # type: ignore[arg-type]
+    return any(is_runtime(b) and installed_version(b) for b in wanted)
+
+
 def _silent(_fraction: float, _message: str) -> None:
     return None
 
@@ -132,6 +144,8 @@ class Tuner:
     def tune(self, program: ExportedProgram, progress: Progress | None = None) -> TuneOutcome:
         run, kind, say = self.run, self.kind, progress or _silent
         run.started = run.options.started or time.monotonic()
+        if run.options.children is not None and _builds_runtimes(run.options):
+            run.options.children.start_serving()  # imports torch while the program is captured
         run.spent["loading"] = time.monotonic() - run.started  # by the caller, in the budget
         # The fingerprint of the program as exported (deployments compute it on theirs), then
         # the program itself on the device: torch.export's pass also moves devices baked into
@@ -189,7 +203,7 @@ class Tuner:
         known = {identity(c) for c in peers + early}
         with self.run.clocked("applying passes"):
             rest = kind.candidates(gm0, inputs, search.steps, kind.passes())
-        rest = [c for c in rest if identity(c) not in known]
+        rest = self.budget.cheapest_first([c for c in rest if identity(c) not in known])
         points, wanted = self.run.points, self.run.backends()
         decisions, have = search.decisions, peers + early + rest
         rest += size_candidates(gm0, inputs, captured.spec, points, decisions, wanted, have)
@@ -214,7 +228,7 @@ class Tuner:
             clock=run.clock,
         )
         search = SiteSearch(settings, run.cache).run(
-            copy.deepcopy(captured.gm), captured.inputs, lambda f, m: say(0.3 + 0.3 * f, m)
+            deep_copy(captured.gm), captured.inputs, lambda f, m: say(0.3 + 0.3 * f, m)
         )
         run.samples.update(search.samples)
         run.timed += search.timed
@@ -252,6 +266,7 @@ class Tuner:
     ) -> TuneOutcome:
         run = self.run
         inductor = config.backend == "inductor"
+        ships_file = inductor or is_runtime(config.backend)  # a package, a runtime's artifact
         nodes = len(verified.replay.gm.graph.nodes)
         twin = run.compile_times.estimate(run.hardware_key, "inductor", nodes)
         return TuneOutcome(
@@ -260,7 +275,7 @@ class Tuner:
             verified.replay,
             verified.runner,
             run.samples,
-            verified.candidate.package if inductor else None,
+            verified.candidate.package if ships_file else None,
             list(run.points),
             deadline=run.started + run.options.budget_s,
             twin_estimate_s=twin if inductor else None,

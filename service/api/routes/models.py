@@ -21,10 +21,12 @@ from service.api.deps import (
     AnalysisDep,
     ArtifactsDep,
     ConfigCacheDep,
+    QuotasDep,
     Reader,
     SettingsDep,
     StoreDep,
     Writer,
+    WriterIdentity,
 )
 from service.api.errors import errors
 from service.api.multipart import missing_field, read_form
@@ -40,8 +42,11 @@ from service.api.schemas import (
     Offset,
     UploadOptions,
 )
+from service.artifacts import ArtifactStore, Spool
+from service.check_gate import ChecksBusy
 from service.distributed import RankModelsError, check_rank_models
-from service.store import ConfigSummary, StoredConfig
+from service.runtime_artifacts import runtime_file
+from service.store import AbstractStore, ConfigSummary, Model, OverQuota, StoredConfig
 from tuner.contract.config import Mode
 from tuner.contract.device import KINDS
 from tuner.contract.errors import ArtifactFormatError, UnsafeArtifactError
@@ -110,18 +115,25 @@ def _options(request: Request, fields: dict[str, str]) -> UploadOptions:
     openapi_extra=UPLOAD_BODY,
     responses={
         200: {"description": "These bytes were uploaded before", "model": ModelOut},
-        **errors(400, 401, 413, 415, 422, 500, 503),
+        **errors(400, 401, 413, 415, 422, 429, 500, 503),
     },
 )
 async def upload_model(
     request: Request,
     response: Response,
+    caller: WriterIdentity,
     store: StoreDep,
     artifacts: ArtifactsDep,
     settings: SettingsDep,
     analysis: AnalysisDep,
+    quotas: QuotasDep,
 ) -> ModelOut:
-    """Upload a `.pt2` (multipart field `file`); `tune=true` queues a job at once."""
+    """Upload a `.pt2` (multipart field `file`); `tune=true` queues a job at once.
+
+    Counts against the caller's quotas (429 with Retry-After); its check waits for a free slot
+    or gets 503 with Retry-After (nothing stored either way)."""
+    usage = await run_in_threadpool(store.owner_usage, caller)
+    quotas.admit_upload(caller, usage)  # before a byte of the body is read
     cap = int(settings.max_upload_mb * MB)
     form = await read_form(
         request,
@@ -147,6 +159,9 @@ async def upload_model(
                 "checking the uploaded archive failed with an internal error; nothing was stored"
             ) from exc
         known = await run_in_threadpool(store.model_with_sha256, spool.sha256)
+        # Known bytes cost no check; their job may be one that is reused (the store decides).
+        new_bytes = 0 if known else spool.size
+        quotas.before_check(usage, new_bytes, options.tune and known is None)
         if known is not None and known.fingerprint is not None:
             fingerprint = known.fingerprint  # the same bytes again: checked when first uploaded
         else:
@@ -154,28 +169,67 @@ async def upload_model(
                 fingerprint = await run_in_threadpool(analysis.fingerprint, spool.path)
             except UnloadableProgram as exc:
                 raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+            except ChecksBusy:  # the service's limit, not the caller's: this one is not counted
+                quotas.uploads.forget(caller)
+                raise
         name = display_name(options.name, spool.filename, spool.sha256)
-        artifacts.put(spool)
-        model, created = await run_in_threadpool(
-            store.add_model, spool.sha256, name, spool.size, fingerprint
+        model, created = await _store_upload(
+            store, artifacts, spool, name, fingerprint, caller, quotas.limits.stored_bytes
         )
     finally:
         form.discard()
     job = None
     if options.tune:
-        job, _ = await run_in_threadpool(
-            partial(
-                store.enqueue_job,
-                model.id,
-                options.device,
-                options.budget_s,
-                mode=options.mode,
-                optimizer=options.optimizer,
+        try:
+            job, _ = await run_in_threadpool(
+                partial(
+                    store.enqueue_job,
+                    model.id,
+                    options.device,
+                    options.budget_s,
+                    mode=options.mode,
+                    optimizer=options.optimizer,
+                    owner=caller,
+                    max_owner_active=quotas.limits.active_jobs,
+                )
             )
-        )
+        except OverQuota as exc:  # jobs ended or began since the pre-check: say what stands
+            detail = f"model {model.id} is stored, but no job was queued: {exc}"
+            raise OverQuota(detail, exc.kind) from None
     configs = await run_in_threadpool(store.list_configs, [model.id])
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return ModelOut.of(model, configs, job)
+
+
+async def _store_upload(
+    store: AbstractStore,
+    artifacts: ArtifactStore,
+    spool: Spool,
+    name: str,
+    fingerprint: str,
+    caller: str,
+    max_bytes: int | None,
+) -> tuple[Model, bool]:
+    """The bytes into the artifact store, then the row, charged to the caller's quota in its
+    transaction; a refusal there takes back the bytes this request added (unless another
+    upload stored them as a model meanwhile)."""
+    added = artifacts.put(spool)
+    try:
+        return await run_in_threadpool(
+            partial(
+                store.add_model,
+                spool.sha256,
+                name,
+                spool.size,
+                fingerprint,
+                owner=caller,
+                max_owner_bytes=max_bytes,
+            )
+        )
+    except OverQuota:
+        if added and await run_in_threadpool(store.model_with_sha256, spool.sha256) is None:
+            artifacts.remove(spool.sha256)
+        raise
 
 
 def _unsupported(detail: str) -> HTTPException:
@@ -221,10 +275,11 @@ def download_upload(model_id: IdPath, store: StoreDep, artifacts: ArtifactsDep) 
     "/models/{model_id}/jobs",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
-    dependencies=[Writer],
-    responses=errors(400, 401, 404, 422),
+    responses=errors(400, 401, 404, 422, 429),
 )
-def create_job(model_id: IdPath, body: JobCreate, store: StoreDep) -> JobOut:
+def create_job(
+    model_id: IdPath, body: JobCreate, caller: WriterIdentity, store: StoreDep, quotas: QuotasDep
+) -> JobOut:
     """Queue tuning for a device; an unfinished job for the same device (and mode, ranks and
     optimizer) is returned instead. `mode` "train" tunes a training step.
 
@@ -246,6 +301,8 @@ def create_job(model_id: IdPath, body: JobCreate, store: StoreDep) -> JobOut:
         rank_models,
         mode=body.mode,
         optimizer=body.optimizer,
+        owner=caller,
+        max_owner_active=quotas.limits.active_jobs,
     )
     return JobOut.of(job)
 
@@ -301,13 +358,19 @@ def get_artifact(
     store: StoreDep,
     artifacts: ArtifactsDep,
     device: DeviceQuery = "cpu",
-    format: Annotated[Literal["pt2", "aoti"], Query()] = "pt2",
+    format: Annotated[Literal["pt2", "aoti", "runtime"], Query()] = "pt2",
     hardware: HardwareQuery = None,
     mode: ModeQuery = "infer",
 ) -> FileResponse:
-    """The transformed program (`.pt2`), or the AOTInductor package with `format=aoti`."""
+    """The transformed program (`.pt2`), the AOTInductor package with `format=aoti`, or the
+    runtime's artifact (ONNX file, OpenVINO IR zip) with `format=runtime`."""
     tuned = _tuned(store, model_id, device, hardware, mode=mode)
     model = store.get_model(model_id)
+    if format == "runtime":
+        found = runtime_file(tuned.config, artifacts)
+        if found is None:
+            raise not_found(f"no runtime artifact for model {model_id} on {device}")
+        return _file(found.path, f"{model.name}.{found.filename}", found.sha256)
     if format == "aoti":
         if tuned.aoti_sha256 is None:
             raise not_found(f"no AOTInductor package for model {model_id} on {device}")
@@ -339,6 +402,9 @@ def get_report(
     report["artifacts"] = {
         "program": f"{base}/artifact?{query}",
         "aoti": f"{base}/artifact?{query}&format=aoti" if tuned.aoti_sha256 else None,
+        "runtime": f"{base}/artifact?{query}&format=runtime"
+        if runtime_file(tuned.config, artifacts)
+        else None,
         "traces": {
             p.kind: f"{base}/trace?{query}&kind={p.kind}" for p in tuned.profiles if p.trace_sha256
         },

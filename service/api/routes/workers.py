@@ -13,8 +13,8 @@ the safe loader and answers as the original upload does on fresh inputs (`servic
 
 from __future__ import annotations
 
-import zipfile
-from typing import Annotated
+import logging
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import FileResponse
@@ -47,12 +47,16 @@ from service.artifacts import ArtifactStore, Spool
 from service.distributed import program_field, rank_results
 from service.reports import ReportError, load_json_report, load_report, tuning_result
 from service.store import AbstractStore, Job, Model, NotFound, StaleLease, TuningResult
+from tuner.contract.aoti_manifest import Expected, PackageRefused, check_package
 
 router = APIRouter(tags=["workers"])
+log = logging.getLogger("fxtune.service")
 LEASE_HEADER = "X-Fxtune-Lease"
 
 MB = 1024 * 1024
-RESULT_FILES = frozenset({"report", "program", "aoti", "trace_baseline", "trace_tuned"})
+# `runtime`: the OpenVINO IR zip or ONNX file of a config whose backend is a runtime.
+RESULT_FILES = frozenset({"report", "program", "aoti", "runtime", "trace_baseline", "trace_tuned"})
+RUNTIME_KINDS = ("openvino", "onnxruntime")
 
 COMPLETE_BODY = {
     "requestBody": {
@@ -64,6 +68,7 @@ COMPLETE_BODY = {
                     "required": ["lease_token", "report", "program"],
                     "properties": {
                         "lease_token": {"type": "string"},
+                        "run_s": {"type": "number", "minimum": 0, "description": "wall time"},
                         **{f: {"type": "string", "format": "binary"} for f in RESULT_FILES},
                     },
                 }
@@ -146,7 +151,9 @@ def heartbeat(job_id: IdPath, body: HeartbeatIn, store: StoreDep) -> JobOut:
 @router.post("/jobs/{job_id}/fail", response_model=JobOut, responses=LEASED)
 def fail(job_id: IdPath, body: FailIn, store: StoreDep) -> JobOut:
     """Report a failed attempt; retryable ones are requeued with backoff until attempts run out."""
-    return JobOut.of(store.fail_job(job_id, body.lease_token, body.error, body.retryable))
+    return JobOut.of(
+        store.fail_job(job_id, body.lease_token, body.error, body.retryable, run_s=body.run_s)
+    )
 
 
 @router.post(
@@ -194,6 +201,20 @@ def _world_size(store: AbstractStore, job_id: int) -> int:
         return 1
 
 
+def _run_s(form: StreamedForm) -> float | None:
+    """The run's wall time a worker reports with its result (optional)."""
+    given = form.fields.get("run_s")
+    if given is None:
+        return None
+    try:
+        run_s = float(given)
+    except ValueError:
+        raise _unprocessable("run_s must be a number of seconds") from None
+    if not 0 <= run_s <= 1e7:
+        raise _unprocessable("run_s must be between 0 and 1e7 seconds")
+    return run_s
+
+
 def _unprocessable(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
 
@@ -223,14 +244,19 @@ async def _complete(
         report = load_report(form.files["report"].path.read_bytes())
     except ReportError as exc:
         raise _unprocessable(str(exc)) from None
-    aoti = form.files.get("aoti")
-    if aoti is not None and not zipfile.is_zipfile(aoti.path):
-        raise _unprocessable("aoti is not a zip package")
     try:
         result = tuning_result(report, {name: s.sha256 for name, s in form.files.items()})
     except ReportError as exc:
         raise _unprocessable(str(exc)) from None
     model = await _check_result_fits_job(result, leased, store, artifacts, analysis)
+    aoti = form.files.get("aoti")
+    if aoti is not None:  # never loaded here: its structure, manifest and job only
+        expected = Expected(result.fingerprint, leased.device)
+        try:
+            await run_in_threadpool(check_package, aoti.path, expected)
+        except PackageRefused as exc:
+            raise _unprocessable(f"the AOTInductor package is refused: {exc}") from None
+    unstored = await _check_runtime_artifact(form, result.config, analysis, job_id, verify)
     if verify:  # the tuned program must answer as the upload does
         original = artifacts.path(model.sha256)
         if not original.is_file():
@@ -247,9 +273,11 @@ async def _complete(
             )
         except UnloadableProgram as exc:
             raise _unprocessable(str(exc)) from None
-    added = _store_all(artifacts, list(form.files.values()))
+    added = _store_all(artifacts, [f for n, f in form.files.items() if n not in unstored])
     try:
-        job, _ = await run_in_threadpool(store.complete_job, job_id, token, result)
+        job, _ = await run_in_threadpool(
+            store.complete_job, job_id, token, result, None, None, _run_s(form)
+        )
     except StaleLease:
         for sha in added:
             artifacts.remove(sha)
@@ -259,6 +287,42 @@ async def _complete(
         ("model", job.model_id, job.device, result.mode),
     )
     return JobOut.of(job)
+
+
+async def _check_runtime_artifact(
+    form: StreamedForm,
+    config: dict[str, Any],
+    analysis: ProgramAnalysis,
+    job_id: int,
+    verify: bool,
+) -> set[str]:
+    """A runtime artifact is stored only as the one its config names (`runtime.sha256`, for
+    the runtime the config chose) and, with results checked, only once the check child found
+    it data alone (`tuner.checks.runtime_artifact`: no external data, custom operators or
+    extensions); one refused fails the result (422). Returns the fields not to store: the
+    artifact where this service could not check it (deployments then run the fallback)."""
+    named = config.get("runtime") if isinstance(config.get("runtime"), dict) else None
+    upload = form.files.get("runtime")
+    digest = named.get("sha256") if named else None
+    if upload is None:
+        if digest:
+            raise _unprocessable(f"the config names runtime artifact {digest:.12} but none came")
+        return set()
+    kind = named.get("runtime") if named else None
+    if kind not in RUNTIME_KINDS or config.get("backend") != kind or digest != upload.sha256:
+        raise _unprocessable("the uploaded runtime artifact is not the one its config names")
+    if not verify:
+        return set()
+    try:
+        why = await run_in_threadpool(
+            analysis.check_runtime, upload.path, kind, f"the {kind} artifact of job {job_id}"
+        )
+    except UnloadableProgram as exc:
+        raise _unprocessable(str(exc)) from None
+    if why is None:
+        return set()
+    log.warning("job %d: the %s artifact is not stored: %s", job_id, kind, why)
+    return {"runtime"}
 
 
 async def _check_result_fits_job(
@@ -275,7 +339,7 @@ async def _check_result_fits_job(
     if expected is None:  # stored before uploads were fingerprinted: do it once now
         try:
             expected = await run_in_threadpool(
-                analysis.fingerprint, artifacts.path(model.sha256), f"model {model.id}"
+                analysis.fingerprint, artifacts.path(model.sha256), f"model {model.id}", True
             )
         except UnloadableProgram as exc:
             raise _unprocessable(str(exc)) from None
@@ -333,7 +397,7 @@ async def _complete_distributed(
     others = {m.id: r for m, r in zip(models[1:], results[1:], strict=True)}
     try:
         done, _ = await run_in_threadpool(
-            store.complete_job, job_id, token, results[0], None, others
+            store.complete_job, job_id, token, results[0], None, others, _run_s(form)
         )
     except StaleLease:
         for sha in added:

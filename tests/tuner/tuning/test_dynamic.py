@@ -21,6 +21,8 @@ from torch import nn
 from examples.dynamic import BATCH_MAX, BATCH_MIN, mlp_inputs, mlp_split
 from tests.tuner.client_helpers import FakeService, tuned_config
 from tuner.backends import registry as backends
+from tuner.backends.runtime_build import load_runner
+from tuner.backends.runtimes import is_runtime
 from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, load_tuned
 from tuner.graph.capture import export_module, save_program, to_graph_module
 from tuner.graph.fingerprint import model_fingerprint
@@ -28,7 +30,7 @@ from tuner.graph.shapes import ShapeMismatch, spec_of
 from tuner.loading.load import load_program
 from tuner.passes import pass_names
 from tuner.passes.apply import apply_passes
-from tuner.tuning.outputs import write_outputs
+from tuner.tuning.outputs import runtime_path_for, write_outputs
 from tuner.tuning.tuner import TuneOptions, tune_program
 
 IN_RANGE = [BATCH_MIN, 8, 32, 1000, BATCH_MAX]
@@ -280,9 +282,17 @@ def test_cli_tunes_at_the_sizes_asked_and_skips_those_out_of_range(
 def test_the_written_aoti_package_serves_every_size(
     mlp: tuple[nn.Module, Any], tuned: tuple[Any, Path]
 ) -> None:
-    """`tuned.aoti.pt2` as `fxtune tune` writes it (inductor won on this machine: 3.6x)."""
+    """`tuned.aoti.pt2` as `fxtune tune` writes it (inductor won on this machine: 3.6x), or
+    the runtime's artifact where OpenVINO or ONNX Runtime won (issue 48: ONNX Runtime here)."""
     model, _ = mlp
     outcome, out = tuned
+    if is_runtime(outcome.config.backend):
+        written = runtime_path_for(out / "tuned.pt2", outcome.config.backend)
+        spec = outcome.original.call_spec.out_spec
+        runner = load_runner(outcome.config.backend, written, spec, torch.get_num_threads())
+        for batch in IN_RANGE:
+            _equal_at(runner, model, batch)
+        return
     if outcome.config.backend != "inductor":
         pytest.skip(f"inductor did not win here ({outcome.config.whole_model.name} chosen)")
     package = backends.load_aoti(out / "tuned.aoti.pt2")

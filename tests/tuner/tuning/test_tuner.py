@@ -162,7 +162,7 @@ def test_cli_refuses_a_non_archive(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 2
-    assert "not a .pt2" in result.output
+    assert "text file, not a torch.export program" in result.output
 
 
 @pytest.mark.serial
