@@ -18,6 +18,8 @@ from urllib.parse import urlencode
 
 import typer
 
+from tuner.host.child_env import is_secret_name
+
 if TYPE_CHECKING:
     from service.core.config import Settings
 
@@ -107,7 +109,8 @@ def embedded_worker_identity(settings: Settings) -> tuple[Settings, dict[str, st
     """Settings with a worker token, and the embedded worker's environment.
 
     A service with a user token but no FXTUNE_WORKER_TOKEN makes one up for its own worker, so
-    the worker routes never take the user's token. The worker is not given the user token.
+    the worker routes never take the user's token. The worker is given no secret but its own
+    token: not the user token, not the database's URL.
     """
     from pydantic import SecretStr
 
@@ -115,8 +118,8 @@ def embedded_worker_identity(settings: Settings) -> tuple[Settings, dict[str, st
         settings = settings.model_copy(
             update={"worker_token": SecretStr(secrets.token_urlsafe(32))}
         )
-    env = {k: v for k, v in os.environ.items() if k != "FXTUNE_API_TOKEN"}
-    if settings.worker_secret is not None:
+    env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}  # the user token, the
+    if settings.worker_secret is not None:  # database's URL: the worker needs neither
         env["FXTUNE_WORKER_TOKEN"] = settings.worker_secret
     return settings, env
 
@@ -156,6 +159,9 @@ def serve_cmd(
 ) -> None:
     """Run the HTTP API (uvicorn); settings come from FXTUNE_* variables."""
     from service.core.config import get_settings
+    from tuner.host.child_env import undumpable
+
+    undumpable()  # its tokens and database URL stay out of a same-user child's reach
 
     settings = get_settings()
     extra, missing = missing_for_serve(settings.resolved_database_url)
@@ -176,6 +182,7 @@ def serve_cmd(
     except UncheckedTorchError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    from service.access_log import log_config
     from service.db.engine import make_engine
     from service.db.migrate import SchemaMismatch, upgrade_to_head
     from service.main import create_app
@@ -195,7 +202,13 @@ def serve_cmd(
         settings, worker_env = embedded_worker_identity(settings)
         worker = WorkerWatch(spawn_worker(_local_url(host, port), worker_device, worker_env))
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(
+            create_app(settings),
+            host=host,
+            port=port,
+            log_level=log_level,
+            log_config=log_config(),
+        )
     except SystemExit as exc:  # a signal (exit_on_signals), after uvicorn's graceful shutdown
         code = exc.code if isinstance(exc.code, int) else 1
         if worker is not None:

@@ -11,6 +11,10 @@ bug fails its test. It is set here, before anything reads it, and the children t
 inherit it (`tuner.host.child_env` lets it through). A test that provokes a fallback on purpose
 asks for `allow_fallbacks` and says which fallback it exercises.
 
+`fxtune tune` runs without its sandbox in the tests' process (FXTUNE_TUNE_SANDBOX=0): the tests
+that call it in-process register passes and patch the tuner there; the sandboxed command has
+tests of its own.
+
 In-process services start no warm checkers (FXTUNE_WARM_CHECKERS=0): each is a sandboxed child
 that imports torch (about 5 s of CPU) as the app starts, and most service tests never upload, so
 on 2 cores they cost the suite minutes. Checks run in a cold child instead, the same code; the
@@ -47,6 +51,9 @@ from tuner.host import failures
 
 os.environ[failures.STRICT_ENV] = "1"
 os.environ["FXTUNE_WARM_CHECKERS"] = "0"
+# `fxtune tune` in the tests' own process tunes in that process (fixtures register passes there);
+# tests/tuner/host/test_sandboxed_tune.py runs it sandboxed, as it runs by default.
+os.environ["FXTUNE_TUNE_SANDBOX"] = "0"
 os.environ["FXTUNE_WORKER_WARM_COMMAND"] = "[]"  # see tests/service/helpers.fxtune_env
 os.environ.update(RUN_TIMING)  # `tuner.measure.timing.StopSettings`: tests/run_settings.py
 

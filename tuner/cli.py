@@ -14,9 +14,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tuner.contract.budget import DEFAULT_BUDGET_S, STACKS_AFTER_S
 from tuner.contract.device import KINDS, Device
 from tuner.contract.errors import FxtuneError, InputError, NoConfigError
 from tuner.contract.exit_codes import exit_code_for
+from tuner.host.job_caches import DEFAULT_STORE
+from tuner.host.sandboxed_tune import Request
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 console = Console()
@@ -30,8 +33,9 @@ DeviceOpt = Annotated[
 
 
 # A run still going this long after its budget is stuck: its threads' stacks go to stderr (the
-# worker's stderr.log, whose last dump a stopped or timed-out job's error quotes).
-OVERRUN_DUMP_S = 60.0
+# worker's stderr.log, whose last dump a stopped or timed-out job's error quotes), before it is
+# killed at `tuner.contract.budget.KILL_MARGIN_S`.
+OVERRUN_DUMP_S = STACKS_AFTER_S
 
 
 @contextlib.contextmanager
@@ -50,7 +54,7 @@ def fail(exc: FxtuneError) -> typer.Exit:
     """The message, and the exit code for the error's type (tuner.contract.exit_codes); only the
     tuner's
     own errors are caught: anything else is a bug and exits INTERNAL (1) with its traceback."""
-    err.print(f"[red]error:[/red] {exc}")
+    err.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True, highlight=False)
     return typer.Exit(code=exit_code_for(exc))
 
 
@@ -149,7 +153,9 @@ def tune_cmd(
     out: Annotated[Path, typer.Option(help="Where to write the tuned .pt2")],
     report: Annotated[Path, typer.Option(help="Where to write the JSON report")],
     device: DeviceOpt = "cpu",
-    budget_s: Annotated[float, typer.Option("--budget-s", help="Total tuning time budget")] = 120,
+    budget_s: Annotated[
+        float, typer.Option("--budget-s", help="Total tuning time budget, seconds")
+    ] = DEFAULT_BUDGET_S,
     backend: Annotated[
         list[str] | None, typer.Option(help="Backends to consider (repeatable); default all")
     ] = None,
@@ -193,9 +199,33 @@ def tune_cmd(
         str | None,
         typer.Option(help="With --mode train: also one optimizer step per step (sgd, adamw)"),
     ] = None,
+    sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--sandbox/--no-sandbox",
+            envvar="FXTUNE_TUNE_SANDBOX",
+            help="Tune in a bubblewrap sandbox, as the worker does (compiling a program runs "
+            "code generated from it); --no-sandbox only for a program you trust",
+        ),
+    ] = True,
+    cache_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache-out",
+            help="Write what this run measures to this folder; --cache is then only read",
+        ),
+    ] = None,
 ) -> None:
     """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
     started = time.monotonic()
+    if sandbox:
+        cached = cache or DEFAULT_STORE
+        passed = _passed_options(device, budget_s, backend, no_profile, threads, sizes, mode)
+        passed += ["--world-size", str(world_size)] if world_size > 1 else []
+        passed += ["--optimizer", optimizer] if optimizer else []
+        request = Request(model, out, report, passed, budget_s, str(device), world_size, cached)
+        _tune_sandboxed(request, progress_json)
+        return
     if world_size > 1:
         from tuner.distributed.cli import tune_distributed_cmd
 
@@ -215,7 +245,7 @@ def tune_cmd(
     from tuner.tuning.outputs import write_outputs
     from tuner.tuning.tuner import TuneOptions, tune_program, tuning_session
 
-    cache = cache or Path.home() / ".cache" / "fxtune" / "decisions.json"
+    cache = cache or DEFAULT_STORE
     try:
         require_timing(device)  # a missing device fails before the model is even read
         stop_settings()  # and so does a malformed FXTUNE_TIMING_ setting
@@ -230,6 +260,7 @@ def tune_cmd(
             started=started,  # loading the program counts: the budget is the command's
             backends=backend or None,
             cache_path=cache,
+            cache_out=cache_out,
             threads=threads,
             load=load,
             sizes=parse_sizes(sizes) or None,
@@ -303,6 +334,40 @@ def tune_cmd(
         )
 
 
+def _passed_options(
+    device: Device,
+    budget_s: float,
+    backends: list[str] | None,
+    no_profile: bool,
+    threads: int | None,
+    sizes: list[str] | None,
+    mode: str,
+) -> list[str]:
+    """The options of a sandboxed tune's child (the paths are the sandbox's)."""
+    passed = ["--device", str(device), "--budget-s", f"{budget_s:g}", "--mode", mode]
+    for name in backends or []:
+        passed += ["--backend", name]
+    for size in sizes or []:
+        passed += ["--sizes", size]
+    passed += ["--threads", str(threads)] if threads is not None else []
+    return passed + (["--no-profile"] if no_profile else [])
+
+
+def _tune_sandboxed(request: Request, progress_json: bool) -> None:
+    """`fxtune tune` in the sandbox (`tuner.host.sandboxed_tune`); its summary printed here."""
+    from tuner.host.sandboxed_tune import ChildFailed, tune_in_sandbox
+
+    try:
+        with _progress_printer(progress_json) as say:
+            summary = tune_in_sandbox(request, say)
+    except ChildFailed as exc:  # its own exit code: the worker's retry rule reads it
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=exc.code) from None
+    except FxtuneError as exc:
+        raise fail(exc) from None
+    (err if progress_json else console).print(summary.strip(), markup=False, highlight=False)
+
+
 @app.command("profile")
 def profile_cmd(
     model: ModelArg,
@@ -335,6 +400,32 @@ def profile_cmd(
         console.print(line)
 
 
+def _fetch_runtime(raw: dict, server: str, token: str | None, out: Path, mode: str) -> None:
+    """The config's runtime artifact, fetched, checked by digest and as data, at `out`."""
+    import shutil
+    import tempfile
+
+    from tuner.backends.runtime_files import check_artifact
+    from tuner.contract.config import TunedConfig
+    from tuner.deploy.runtime_module import RuntimeUnusable, fetch_runtime_artifact
+
+    config = TunedConfig.model_validate(raw)
+    if config.runtime is None:
+        why = f"the config chose {config.backend}: it ships no runtime artifact"
+        raise fail(NoConfigError(why))
+    with tempfile.TemporaryDirectory(prefix="fxtune-fetch-") as tmp:
+        try:
+            path = fetch_runtime_artifact(
+                config, server=server, cache_dir=Path(tmp), token=token, mode=mode
+            )
+            check_artifact(config.backend, path)
+        except (RuntimeUnusable, FxtuneError) as exc:
+            raise fail(NoConfigError(str(exc))) from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, out)
+    err.print(f"wrote the {config.backend} artifact ({config.runtime.sha256}) to {out}")
+
+
 @app.command("fetch")
 def fetch_cmd(
     target: Annotated[
@@ -356,6 +447,14 @@ def fetch_cmd(
     mode: Annotated[
         str, typer.Option(help="infer, or train for the training config (--mode train jobs)")
     ] = "infer",
+    runtime_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--runtime-out",
+            help="Also download the config's runtime artifact (ONNX file or OpenVINO IR zip), "
+            "checked as data, here; `tuner.deploy.runtime_module.load_runtime_module` runs it",
+        ),
+    ] = None,
 ) -> None:
     """Download the tuned config of a model, for scripts (exit 2 when there is none)."""
     import json
@@ -390,6 +489,8 @@ def fetch_cmd(
     )
     if config is None:
         raise fail(NoConfigError(source))
+    if runtime_out is not None:
+        _fetch_runtime(config, server, token, runtime_out, mode)
     text = json.dumps(config, indent=2)
     if out is None:
         print(text)

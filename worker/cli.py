@@ -45,6 +45,7 @@ def worker_cmd(
 ) -> None:
     """Claim tuning jobs for DEVICE from the service and run each in a limited child process."""
     from tuner.contract.errors import DeviceUnavailableError, UncheckedTorchError
+    from tuner.host.child_env import undumpable
     from tuner.host.sandbox import SandboxUnavailable, resolve_sandbox
     from worker.client import ServiceError
     from worker.config import WorkerSettings
@@ -52,8 +53,12 @@ def worker_cmd(
     from worker.loop import Worker, install_signal_handlers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    # httpx logs every request at INFO: here those are the claim polls and heartbeats, which
+    # repeat every few seconds (worker.loop logs what a job does).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # until the loop's own handlers: unwind (and
         signal.signal(sig, _leave)  # subprocess.run kills the device probe on the way out)
+    undumpable()  # its token stays out of a same-user child's reach (`child_env.undumpable`)
     given = {"server": server, "worker_token": token, "worker_ranks": ranks}
     overrides = {k: v for k, v in given.items() if v}
     settings = WorkerSettings(**overrides)

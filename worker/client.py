@@ -152,16 +152,21 @@ class ServiceClient:
         )
         _raise_for(resp)
 
-    def fail(self, job: Assignment, error: str, retryable: bool) -> dict[str, Any]:
+    def fail(
+        self, job: Assignment, error: str, retryable: bool, run_s: float | None = None
+    ) -> dict[str, Any]:
+        body = {"lease_token": job.lease_token, "error": error[:20000], "retryable": retryable}
         resp = self.http.post(
             f"{API}/jobs/{job.job_id}/fail",
-            json={"lease_token": job.lease_token, "error": error[:20000], "retryable": retryable},
+            json={**body, **({"run_s": round(run_s, 3)} if run_s is not None else {})},
         )
         _raise_for(resp)
         return resp.json()
 
-    def complete(self, job: Assignment, files: dict[str, Path]) -> dict[str, Any]:
-        """Upload the results; each file is streamed from disk by httpx."""
+    def complete(
+        self, job: Assignment, files: dict[str, Path], run_s: float | None = None
+    ) -> dict[str, Any]:
+        """Upload the results (and the run's wall time); each file is streamed from disk."""
         with contextlib.ExitStack() as stack:
             parts = {
                 name: (path.name, stack.enter_context(path.open("rb")), "application/octet-stream")
@@ -169,7 +174,10 @@ class ServiceClient:
             }
             resp = self.http.post(
                 f"{API}/jobs/{job.job_id}/complete",
-                data={"lease_token": job.lease_token},
+                data={
+                    "lease_token": job.lease_token,
+                    **({"run_s": f"{run_s:.3f}"} if run_s is not None else {}),
+                },
                 files=parts,
                 timeout=600,
             )

@@ -9,6 +9,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tuner.host.job_caches import DEFAULT_STORE
 from tuner.host.sandbox import SandboxMode
 
 
@@ -64,9 +65,9 @@ class WorkerSettings(BaseSettings):
     worker_poll_s: float = Field(default=2.0, gt=0)
     worker_scratch_dir: Path | None = None
     worker_decision_cache: Path = Field(
-        default_factory=lambda: Path.home() / ".cache" / "fxtune" / "decisions.json",
-        description="Decision cache shared by this machine's jobs (the sandbox keeps its "
-        "folder writable)",
+        default_factory=lambda: DEFAULT_STORE,
+        description="Decision cache shared by this machine's jobs: each job reads a copy, and "
+        "what it measured is merged after the worker checked it (compile times beside it)",
     )
     worker_tune_threads: int | None = Field(
         default=None,

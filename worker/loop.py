@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,8 +18,10 @@ from typing import Any
 
 import httpx
 
+from tuner.contract.budget import kill_after_s, overran
 from tuner.contract.device import Device
 from tuner.contract.exit_codes import ExitCode
+from tuner.host import job_caches
 from tuner.host.child_env import MAX_ERROR_CHARS, MAX_PROGRESS_CHARS, Redactor
 from tuner.host.sandbox import (
     ChildResult,
@@ -42,6 +45,8 @@ PERMANENT_EXITS = frozenset({ExitCode.USER_INPUT, ExitCode.REFUSED})
 ONCE_PATIENCE_S = 60.0  # with --once, give up on a service that stays unreachable this long
 RANK_INPUT = "input_rank{rank}.pt2"  # a distributed job's programs (`fxtune tune` fills {rank})
 RANK_OUTPUT = "tuned_rank{rank}.pt2"
+CACHE_IN = "cache"  # the job folder's read-only snapshot of the shared caches
+CACHE_OUT = "cache"  # under the job's output folder: what it measured (`tuner.host.job_caches`)
 
 
 class Heartbeat(threading.Thread):
@@ -152,6 +157,7 @@ class Worker:
             if job is None:
                 if once:
                     break
+                log.debug("no job; asking again in %gs", self.settings.worker_poll_s)
                 self._stop.wait(self.settings.worker_poll_s)
                 continue
             outcome = self.run_job(job)
@@ -195,17 +201,20 @@ class Worker:
     def _tune_and_report(
         self, job: Assignment, source: Path, out: Path, workdir: Path, beat: Heartbeat
     ) -> Outcome:
+        sandbox = self.sandbox(job, workdir)
+        began = time.monotonic()
         result = run_child(
-            self.command(job, source, out),
-            self.limits(job),
+            self.command(job, source, out, workdir),
+            self.limits(job).within(sandbox),
             workdir,
             beat.update,
             cancelled=lambda: beat.lost or self._stop.is_set(),
             on_started=beat.start,
             env=self.child_env(),
-            sandbox=self.sandbox(job),
+            sandbox=sandbox,
             redact=self.redact,
         )
+        run_s = time.monotonic() - began  # kept in the job record, succeeded or not
         if beat.lost:
             return Outcome("lost", "lease passed to another attempt")
         if not result.ok and result.returncode == ExitCode.DEVICE and not result.cancelled:
@@ -219,9 +228,11 @@ class Worker:
                 self.device_lost,
             )
             self.stop()
-            return self._fail(job, f"worker {self.id}: {self.device_lost}", retryable=True)
+            return self._fail(job, f"worker {self.id}: {self.device_lost}", True, run_s)
+        if result.timed_out and self.stopped_at_budget(job):
+            return self._fail(job, with_stacks(overran(job.budget_s), result.stacks), False, run_s)
         if not result.ok:
-            return self._fail(job, _error(result), retryable=_retryable(result))
+            return self._fail(job, _error(result), _retryable(result), run_s)
         try:
             files = (
                 result_files(out / "report.json")
@@ -229,9 +240,46 @@ class Worker:
                 else rank_result_files(out, job.world_size)
             )
         except ValueError as exc:
-            return self._fail(job, f"the tuner finished but {exc}", retryable=False)
+            return self._fail(job, f"the tuner finished but {exc}", False, run_s)
         beat.update(1.0, "uploading the result")
-        return self._complete(job, files)
+        outcome = self._complete(job, files, run_s)
+        if outcome.status == "succeeded":
+            self.merge_caches(job, out)
+        return outcome
+
+    def merge_caches(self, job: Assignment, out: Path) -> None:
+        """What the job measured, into the shared caches, once the service accepted its result:
+        only records that pass `tuner.host.job_caches.merge_recorded`'s checks."""
+        try:
+            report = json.loads((out / "report.json").read_text())
+        except (OSError, ValueError):
+            return
+        hardware, sites = job_caches.report_sites(report)
+        mine = self.hardware.get("key")
+        if hardware is None or not isinstance(mine, str):
+            return
+        if job_caches.hardware_part(hardware) != job_caches.hardware_part(mine):
+            log.warning("job %d: its report names other hardware; its caches not kept", job.job_id)
+            return
+        merged = job_caches.merge_recorded(
+            out / CACHE_OUT,
+            self.settings.worker_decision_cache,
+            job_caches.hardware_part(mine),
+            sites,
+        )
+        if merged.refused:
+            log.warning(
+                "job %d: %d cache record(s) refused: %s",
+                job.job_id,
+                len(merged.refused),
+                "; ".join(merged.refused[:3]),
+            )
+        log.debug(
+            "job %d: kept %d decision(s), %d compile time(s)",
+            job.job_id,
+            merged.decisions,
+            merged.compile_times,
+        )
 
     def download(self, job: Assignment, workdir: Path) -> Path:
         """The uploaded program; for a distributed job every rank's, as `input_rank{rank}.pt2`."""
@@ -243,7 +291,7 @@ class Worker:
             self.client.download_file(file, workdir / RANK_INPUT.format(rank=rank), job.lease_token)
         return workdir / RANK_INPUT
 
-    def command(self, job: Assignment, source: Path, out: Path) -> list[str]:
+    def command(self, job: Assignment, source: Path, out: Path, workdir: Path) -> list[str]:
         if job.world_size > 1:
             return self.distributed_command(job, source, out)
         cmd = [
@@ -256,6 +304,7 @@ class Worker:
             "--report",
             str(out / "report.json"),
             "--progress-json",
+            "--no-sandbox",  # it runs in this worker's (`sandbox`)
         ]
         if job.budget_s is not None:
             cmd += ["--budget-s", f"{job.budget_s:g}"]
@@ -265,7 +314,8 @@ class Worker:
             cmd += ["--mode", job.mode]
         if job.optimizer is not None:
             cmd += ["--optimizer", job.optimizer]
-        cmd += ["--cache", str(self.settings.worker_decision_cache)]
+        cache = job_caches.snapshot(self.settings.worker_decision_cache, workdir / CACHE_IN)
+        cmd += ["--cache", str(cache), "--cache-out", str(out / CACHE_OUT)]
         if self.settings.worker_tune_threads is not None:
             cmd += ["--threads", str(self.settings.worker_tune_threads)]
         return cmd
@@ -284,6 +334,7 @@ class Worker:
             str(out / RANK_OUTPUT),
             "--report",
             str(out / "report.json"),
+            "--no-sandbox",
         ]
         if job.budget_s is not None:
             cmd += ["--budget-s", f"{job.budget_s:g}"]
@@ -292,12 +343,20 @@ class Worker:
         return cmd
 
     def limits(self, job: Assignment) -> Limits:
+        """Killed at its budget plus `tuner.contract.budget.KILL_MARGIN_S` (or the worker's
+        timeout, if shorter)."""
         # No CPU-time limit: the wall timeout already ends the job's process group, and under
         # RLIMIT_CPU Linux reads the process CPU clock from ticks (4 ms steps), which the
         # tuner then cannot time with beside other work (`tuner.measure.timing.FINE_CLOCK_NS`).
+        wall_s = min(self.settings.worker_timeout_s, kill_after_s(job.budget_s))
         if job.device != "cpu":  # CUDA reserves huge virtual ranges; RLIMIT_AS would break it
-            return Limits(wall_s=self.settings.worker_timeout_s)
-        return self.cpu_limits()
+            return Limits(wall_s=wall_s)
+        return dataclasses.replace(self.cpu_limits(), wall_s=wall_s)
+
+    def stopped_at_budget(self, job: Assignment) -> bool:
+        """Whether a timed-out job was stopped by its budget (its fault: not retried), not by
+        the worker's own timeout."""
+        return kill_after_s(job.budget_s) <= self.settings.worker_timeout_s
 
     def cpu_limits(self) -> Limits:
         """A CPU job's limits; the warm-up build's too (it compiles on the CPU)."""
@@ -305,11 +364,11 @@ class Worker:
         address_space = mb * 1024 * 1024 if mb else int(physical_memory_bytes() * share)
         return Limits(wall_s=self.settings.worker_timeout_s, address_space_bytes=address_space)
 
-    def sandbox(self, job: Assignment) -> Sandbox:
-        """The job's isolation; only the decision cache's folder is writable besides the job's."""
-        cache_dir = self.settings.worker_decision_cache.parent
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        return Sandbox(self.sandbox_kind, (cache_dir,), share_devices=job.device != "cpu")
+    def sandbox(self, job: Assignment, workdir: Path) -> Sandbox:
+        """The job's isolation: nothing writable but its own folder, where the snapshot of the
+        shared caches it reads is bound read-only (`tuner.host.job_caches`)."""
+        read_only = (workdir / CACHE_IN,) if job.world_size == 1 else ()
+        return Sandbox(self.sandbox_kind, read_only=read_only, share_devices=job.device != "cpu")
 
     def child_env(self) -> dict[str, str]:
         """The operator's extra variables for the child (FXTUNE_WORKER_CHILD_ENV), if set here;
@@ -317,10 +376,12 @@ class Worker:
         names = self.settings.worker_child_env
         return {name: os.environ[name] for name in names if name in os.environ}
 
-    def _complete(self, job: Assignment, files: dict[str, Path]) -> Outcome:
+    def _complete(
+        self, job: Assignment, files: dict[str, Path], run_s: float | None = None
+    ) -> Outcome:
         for attempt in range(3):
             try:
-                self.client.complete(job, files)
+                self.client.complete(job, files, run_s)
                 return Outcome("succeeded")
             except LeaseLost as exc:
                 return Outcome("lost", f"result refused: {exc}")
@@ -328,17 +389,19 @@ class Worker:
                 # A 5xx is the service's fault (its check failed): another attempt may pass.
                 why = "could not check" if exc.servers_fault else "refused"
                 return self._fail(
-                    job, f"the service {why} the result: {exc}", retryable=exc.servers_fault
+                    job, f"the service {why} the result: {exc}", exc.servers_fault, run_s
                 )
             except httpx.TransportError as exc:
                 log.warning("job %d: upload failed (%s); retrying", job.job_id, exc)
                 self._stop.wait(2**attempt)
         return Outcome("failed", "could not upload the result; the lease will expire")
 
-    def _fail(self, job: Assignment, error: str, retryable: bool) -> Outcome:
+    def _fail(
+        self, job: Assignment, error: str, retryable: bool, run_s: float | None = None
+    ) -> Outcome:
         error = self.redact(error, MAX_ERROR_CHARS)
         try:
-            self.client.fail(job, error, retryable)
+            self.client.fail(job, error, retryable, run_s)
         except LeaseLost:
             return Outcome("lost", error)
         except (httpx.HTTPError, ServiceError) as exc:
@@ -366,7 +429,11 @@ def result_files(report_path: Path) -> dict[str, Path]:
         raise ValueError(f"report.json is unreadable: {exc!r}") from None
     root = report_path.parent.resolve()
     files = {"report": report_path}
-    named: dict[str, Any] = {"program": artifacts.get("program"), "aoti": artifacts.get("aoti")}
+    named: dict[str, Any] = {
+        "program": artifacts.get("program"),
+        "aoti": artifacts.get("aoti"),
+        "runtime": artifacts.get("runtime"),  # an ONNX file or an OpenVINO IR zip
+    }
     for kind, rel in (artifacts.get("traces") or {}).items():
         if kind in ("baseline", "tuned"):
             named[f"trace_{kind}"] = rel

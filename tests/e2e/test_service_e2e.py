@@ -61,9 +61,11 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-def wait_job(url: str, job_id: int, timeout_s: float = 180) -> dict[str, Any]:
+def wait_job(
+    url: str, job_id: int, timeout_s: float = 180, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     def finished() -> dict[str, Any] | None:
-        job = POLL.get(f"{url}/api/v1/jobs/{job_id}").json()
+        job = POLL.get(f"{url}/api/v1/jobs/{job_id}", headers=headers).json()
         return job if job["status"] in ("succeeded", "failed") else None
 
     return wait_for(finished, timeout_s, f"job {job_id} to finish", 0.5)
@@ -299,7 +301,7 @@ def test_serve_with_an_embedded_worker_and_a_user_token(
                 timeout=60,  # the analysis child starts beside the embedded worker's torch import
             )
         assert up.status_code == 201, up.text
-        job = wait_job(url, up.json()["job"]["id"], timeout_s=120)
+        job = wait_job(url, up.json()["job"]["id"], timeout_s=120, headers=auth)
         assert job["status"] == "succeeded", job
         body = {"worker_id": "me", "device": "cpu"}
         claim = httpx.post(f"{url}/api/v1/jobs/claim", json=body, headers=auth)

@@ -4,7 +4,6 @@ them (claim, then complete over the API), and the tables, links and JSON blocks 
 from __future__ import annotations
 
 import json
-import zipfile
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -12,7 +11,13 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.service.fakes import config, program_fingerprint, upload_parts, write_result
+from tests.service.fakes import (
+    config,
+    fake_aoti_package,
+    program_fingerprint,
+    upload_parts,
+    write_result,
+)
 from tests.service.helpers import tiny_program, variant
 
 LOOPBACK = ("127.0.0.1", 40000)
@@ -143,9 +148,7 @@ def store_result(
     report["profiles"] = profiles if profiles is not None else PROFILES
     files["report"].write_text(json.dumps(report))
     if aoti:
-        files["aoti"] = out / "model.aoti.pt2"
-        with zipfile.ZipFile(files["aoti"], "w") as zf:
-            zf.writestr("package/data.bin", b"aoti")
+        files["aoti"] = fake_aoti_package(out / "model.aoti.pt2", program_fingerprint(program))
     resp = client.post(
         f"/api/v1/jobs/{job['job']['id']}/complete",
         data={"lease_token": job["lease_token"]},

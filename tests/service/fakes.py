@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,17 @@ def write_result(out: Path, program: Path, cfg: dict[str, Any] | None = None) ->
 
 def upload_parts(files: dict[str, Path]) -> dict[str, tuple[str, bytes]]:
     return {name: (path.name, path.read_bytes()) for name, path in files.items()}
+
+
+def fake_aoti_package(path: Path, fingerprint: str, device: str = "cpu") -> Path:
+    """A package shaped as AOTInductor writes one, with fxtune's manifest for `fingerprint`
+    (`tuner.contract.aoti_manifest`), and no real library in it: the service never loads one."""
+    from tuner.contract.aoti_manifest import Expected, add_manifest
+
+    model = "package/data/aotinductor/model"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("package/archive_format", "pt2")
+        zf.writestr(f"{model}/w.wrapper.so", b"aoti")
+        zf.writestr(f"{model}/w.wrapper_metadata.json", json.dumps({"AOTI_DEVICE_KEY": device}))
+    add_manifest(path, Expected(fingerprint, device), "2.13.0")
+    return path

@@ -16,6 +16,7 @@ from service.core.config import Settings
 from service.main import create_app
 from tests.service.fakes import (
     config,
+    fake_aoti_package,
     program_fingerprint,
     training_config,
     upload_parts,
@@ -474,7 +475,7 @@ class TestAuth:
             assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"
             work = anon.post("/api/v1/jobs/claim", json={"worker_id": "w", "device": "cpu"})
             assert work.status_code == 401
-            assert anon.get("/api/v1/models").status_code == 200  # reads are open on loopback
+            assert anon.get("/api/v1/models").status_code == 401  # reads too, from loopback
         with self.client(settings, LOOPBACK, "wrong") as wrong:
             assert upload(wrong, program).status_code == 403
         with self.client(settings, ELSEWHERE, TOKEN) as good:
@@ -482,10 +483,13 @@ class TestAuth:
             assert good.get("/api/v1/models").status_code == 200
         assert blob_count(settings.data_dir) == 1
 
-    def test_reads_from_elsewhere_need_the_token(self, settings: Settings) -> None:
-        with self.client(settings, ELSEWHERE, None) as anon:
-            assert anon.get("/api/v1/models").status_code == 401
-            assert anon.get("/healthz").status_code == 200
+    def test_reads_need_the_token_from_any_address(self, settings: Settings) -> None:
+        for host in (LOOPBACK, ELSEWHERE):
+            with self.client(settings, host, None) as anon:
+                assert anon.get("/api/v1/models").status_code == 401
+                assert anon.get("/healthz").status_code == 200
+            with self.client(settings, host, TOKEN) as good:
+                assert good.get("/api/v1/models").status_code == 200
 
     def test_without_a_token_only_loopback_gets_in(self, tmp_path: Path, program: Path) -> None:
         settings = Settings(data_dir=tmp_path / "d", database_url=f"sqlite:///{tmp_path / 'x.db'}")
@@ -506,3 +510,27 @@ def test_job_listing_filters(client: TestClient, program: Path, tmp_path: Path) 
     queued = client.get("/api/v1/jobs", params={"status": "queued"}).json()
     assert len(queued) == 1 and queued[0]["id"] != job["job"]["id"]
     assert json.loads(client.get("/api/v1/jobs?limit=1").content)[0]["id"] == queued[0]["id"]
+
+
+def test_an_aoti_package_is_stored_only_as_fxtunes_package_for_the_job(
+    client: TestClient, program: Path, fingerprint: str, tmp_path: Path
+) -> None:
+    """Round 3: any zip was stored and served as the tuned package. Now a forged one (a zip of
+    anything, or a package built for another model) is refused with nothing stored; the
+    package with fxtune's manifest for this model is stored and served (never loaded here)."""
+    model = upload(client, program, tune="true").json()
+    job = claim(client)
+    files = write_result(tmp_path / "out", program)
+    forged = tmp_path / "forged.aoti.pt2"
+    with zipfile.ZipFile(forged, "w") as zf:
+        zf.writestr("x/payload.so", b"\x7fELF")
+    other = fake_aoti_package(tmp_path / "other.aoti.pt2", "f" * 32)
+    for bad, why in ((forged, "not one AOTInductor writes"), (other, "built for model")):
+        resp = complete(client, job, {**files, "aoti": bad})
+        assert resp.status_code == 422 and why in resp.json()["detail"], resp.text
+    art = client.get(f"/api/v1/models/{model['id']}/artifact?device=cpu&format=aoti")
+    assert art.status_code == 404
+    package = fake_aoti_package(tmp_path / "tuned.aoti.pt2", fingerprint)
+    assert complete(client, job, {**files, "aoti": package}).status_code == 200
+    art = client.get(f"/api/v1/models/{model['id']}/artifact?device=cpu&format=aoti")
+    assert art.status_code == 200 and art.content == package.read_bytes()

@@ -140,7 +140,9 @@ def test_the_image_installs_the_built_wheel_and_runs_as_a_user() -> None:
     assert not [i for i in runtime if i.startswith(("COPY . ", "ADD "))]
     installs = [i for i in runtime if i.startswith("RUN ") and "pip install" in i]
     assert not [i for i in installs if " -e " in i or "--editable" in i]
-    assert any('fxtune-*.whl)[service,postgres]"' in i for i in installs), installs
+    # The CPU runtimes too (issue 48): workers tune under them, the service checks their files.
+    extras = 'fxtune-*.whl)[service,postgres,openvino,onnxruntime]"'
+    assert any(extras in i for i in installs), installs
     torch_pin = next(ln for ln in (REPO / "constraints.txt").read_text().splitlines()
                      if ln.startswith("torch=="))  # fmt: skip
     assert any(torch_pin in i for i in installs), torch_pin
@@ -173,3 +175,16 @@ def test_compose_references_resolve() -> None:
         text = json.dumps(service)
         for var in re.findall(r"\$\{(\w+)", text):
             assert var in header, f"{name} uses ${{{var}}}, which the header does not explain"
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, s in SERVICES.items() if "worker" in s.get("command", [])]
+)
+def test_workers_run_sandboxed_with_what_bubblewrap_needs(name: str) -> None:
+    """No shipped default tunes without a sandbox (round 3: an unsandboxed child read the
+    worker's token from /proc): the worker requires bubblewrap, and the container allows it."""
+    service = SERVICES[name]
+    assert service["environment"]["FXTUNE_WORKER_SANDBOX"] == "bwrap"
+    assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(service["security_opt"])
+    assert "volumes" not in service  # no data volume, no database URL, no user token
+    assert not {"FXTUNE_API_TOKEN", "FXTUNE_DATABASE_URL"} & set(service["environment"])

@@ -45,6 +45,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--progress-json", action="store_true")
     parser.add_argument("--cache", type=Path)
+    parser.add_argument("--cache-out", type=Path)
+    parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--threads", type=int)
     args = parser.parse_args()
     mode = os.environ.get("FAKE_TUNE", "ok")

@@ -102,6 +102,8 @@ def test_a_job_is_tuned_and_its_result_stored(
     assert worker.run(once=True) == 1
     job = job_of(url, model["job"]["id"])
     assert job["status"] == "succeeded" and job["attempts"] == 1 and job["worker_id"] == worker.id
+    ((run_s,),) = [job["run_seconds"]]  # the run's wall time, in the job record
+    assert 0 < run_s < 60
     assert any(m.startswith("step") for _, m in worker.client.beats)  # type: ignore[attr-defined]
     art = httpx.get(f"{url}/api/v1/models/{model['id']}/artifact", params={"device": "cpu"})
     assert art.status_code == 200 and art.content == program.read_bytes()
@@ -171,6 +173,25 @@ def test_a_hung_tuner_times_out(
     assert job["status"] == "queued" and "timed out after 2s" in job["error"]
 
 
+def test_a_job_past_its_budget_is_stopped_and_not_retried(
+    server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget binds the worker (round 3: a data-dependent loop ran for the worker's hour,
+    three times over): the child is killed at budget + margin (here a margin that ends this
+    job's 3 s budget at 1.5 s) and the job fails with the reason, its run's time recorded."""
+    url, _ = server
+    model = submit(url, program)
+    monkeypatch.setattr("worker.loop.kill_after_s", lambda budget_s: budget_s - 1.5)
+    began = time.monotonic()
+    make_worker(url, "sleep", monkeypatch).run(once=True)
+    assert time.monotonic() - began < 30
+    job = job_of(url, model["job"]["id"])
+    assert job["status"] == "failed" and job["attempts"] == 1
+    assert job["error"].startswith("tuning ran past its budget of 3 s")
+    ((run_s,),) = [job["run_seconds"]]
+    assert 1.5 <= run_s < 10
+
+
 def test_a_lost_lease_stops_the_tuner_and_drops_the_result(
     server: tuple[str, Any], program: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -207,15 +228,21 @@ def test_the_tune_command_carries_the_machines_cache_and_threads(
     monkeypatch.delenv("FXTUNE_WORKER_DECISION_CACHE")  # the suite's own (tests/run_settings.py)
     job = Assignment(1, 1, "cpu", 5.0, "token", 30.0, "0" * 64, 1, "m", "/file")
     plain = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
-    cmd = plain.command(job, tmp_path / "m.pt2", tmp_path)
-    assert "--threads" not in cmd
-    # Always named, so the sandbox can keep exactly that folder writable.
-    assert cmd[cmd.index("--cache") + 1] == str(Path.home() / ".cache/fxtune/decisions.json")
+    cmd = plain.command(job, tmp_path / "m.pt2", tmp_path / "out", tmp_path)
+    assert "--threads" not in cmd and "--no-sandbox" in cmd  # in the worker's own sandbox
     assert cmd[cmd.index("--budget-s") + 1] == "5"
-    settings = WorkerSettings(worker_decision_cache=tmp_path / "c.json", worker_tune_threads=1)
+    shared = tmp_path / "shared" / "c.json"
+    shared.parent.mkdir()
+    shared.write_text('{"k": 1}')
+    settings = WorkerSettings(worker_decision_cache=shared, worker_tune_threads=1)
     tuned = Worker(settings, "cpu", HARDWARE, ServiceClient("http://x", None))
-    cmd = tuned.command(job, tmp_path / "m.pt2", tmp_path)
-    assert cmd[cmd.index("--cache") + 1] == str(tmp_path / "c.json")
+    cmd = tuned.command(job, tmp_path / "m.pt2", tmp_path / "out", tmp_path)
+    # The job reads a snapshot of the shared store, bound read-only, and records elsewhere.
+    snapshot = Path(cmd[cmd.index("--cache") + 1])
+    assert snapshot.parent == tmp_path / "cache" and snapshot.read_text() == '{"k": 1}'
+    assert cmd[cmd.index("--cache-out") + 1] == str(tmp_path / "out" / "cache")
+    sandbox = tuned.sandbox(job, tmp_path)
+    assert sandbox.writable == () and sandbox.read_only == (tmp_path / "cache",)
     assert cmd[cmd.index("--threads") + 1] == "1"
 
 
@@ -223,9 +250,9 @@ def test_the_tune_command_carries_the_jobs_sizes(tmp_path: Path) -> None:
     """A job's sizes for dynamic dims reach `fxtune tune --sizes` (one option per dim)."""
     job = Assignment(1, 1, "cpu", None, "token", 30.0, "0" * 64, 1, "m", "/file")
     worker = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
-    assert "--sizes" not in worker.command(job, tmp_path / "m.pt2", tmp_path)
+    assert "--sizes" not in worker.command(job, tmp_path / "m.pt2", tmp_path, tmp_path)
     sized = dataclasses.replace(job, sizes={"batch": [1, 32, 512], "seq": [128]})
-    cmd = worker.command(sized, tmp_path / "m.pt2", tmp_path)
+    cmd = worker.command(sized, tmp_path / "m.pt2", tmp_path, tmp_path)
     given = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--sizes"]
     assert given == ["batch=1,32,512", "seq=128"]
 
@@ -233,12 +260,14 @@ def test_the_tune_command_carries_the_jobs_sizes(tmp_path: Path) -> None:
 def test_the_tune_command_carries_a_training_jobs_mode_and_optimizer(tmp_path: Path) -> None:
     job = Assignment(1, 1, "cpu", None, "token", 30.0, "0" * 64, 1, "m", "/file")
     worker = Worker(WorkerSettings(), "cpu", HARDWARE, ServiceClient("http://x", None))
-    plain = worker.command(job, tmp_path / "m.pt2", tmp_path)
+    plain = worker.command(job, tmp_path / "m.pt2", tmp_path, tmp_path)
     assert "--mode" not in plain and "--optimizer" not in plain
     train = dataclasses.replace(job, mode="train")
-    cmd = worker.command(train, tmp_path / "m.pt2", tmp_path)
+    cmd = worker.command(train, tmp_path / "m.pt2", tmp_path, tmp_path)
     assert cmd[cmd.index("--mode") + 1] == "train" and "--optimizer" not in cmd
-    cmd = worker.command(dataclasses.replace(train, optimizer="adamw"), tmp_path / "m", tmp_path)
+    cmd = worker.command(
+        dataclasses.replace(train, optimizer="adamw"), tmp_path / "m", tmp_path, tmp_path
+    )
     assert cmd[cmd.index("--optimizer") + 1] == "adamw"
 
 
@@ -250,7 +279,7 @@ def test_a_distributed_job_runs_the_ranks_and_uploads_every_ranks_program(
     worker = Worker(
         WorkerSettings(worker_ranks=2), "cpu", HARDWARE, ServiceClient("http://x", None)
     )
-    cmd = worker.command(job, tmp_path / "input_rank{rank}.pt2", tmp_path)
+    cmd = worker.command(job, tmp_path / "input_rank{rank}.pt2", tmp_path, tmp_path)
     assert cmd[cmd.index("--world-size") + 1] == "2"
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "tuned_rank{rank}.pt2")
     (tmp_path / "report.json").write_text("{}")
@@ -327,10 +356,12 @@ class SlowToComplete(RecordingClient):
         super().__init__(*args, **kwargs)
         self.reap = reap
 
-    def complete(self, job: Assignment, files: dict[str, Path]) -> dict[str, Any]:
+    def complete(
+        self, job: Assignment, files: dict[str, Path], run_s: float | None = None
+    ) -> dict[str, Any]:
         time.sleep(job.lease_s + 1)
         self.reap(utcnow())
-        return super().complete(job, files)
+        return super().complete(job, files, run_s)
 
 
 def test_the_lease_is_kept_while_the_result_is_being_accepted(
@@ -354,12 +385,16 @@ class AnswersComplete(ServiceClient):
         self.status = status
         self.failed: list[tuple[str, bool]] = []
 
-    def complete(self, job: Assignment, files: dict[str, Path]) -> dict[str, Any]:
+    def complete(
+        self, job: Assignment, files: dict[str, Path], run_s: float | None = None
+    ) -> dict[str, Any]:
         request = httpx.Request("POST", f"http://x/api/v1/jobs/{job.job_id}/complete")
         _raise_for(httpx.Response(self.status, json={"detail": "why"}, request=request))
         return {}
 
-    def fail(self, job: Assignment, error: str, retryable: bool) -> dict[str, Any]:
+    def fail(
+        self, job: Assignment, error: str, retryable: bool, run_s: float | None = None
+    ) -> dict[str, Any]:
         self.failed.append((error, retryable))
         return {}
 

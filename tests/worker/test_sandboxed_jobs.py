@@ -22,7 +22,7 @@ from service.core.config import Settings
 from tests.service.fakes import HARDWARE
 from tests.service.helpers import REPO, fxtune_env, thread_server, tiny_program
 from tuner.host.child_env import Redactor
-from tuner.host.sandbox import SandboxUnavailable, bwrap_works
+from tuner.host.sandbox import MEMORY_FOLDER_BYTES, SandboxUnavailable, bwrap_works
 from worker.client import ServiceClient
 from worker.config import WorkerSettings
 from worker.loop import Worker
@@ -75,6 +75,11 @@ def snooping_worker(url: str, site: Path, sandbox: str, monkeypatch: pytest.Monk
     (other_job / "input.pt2").write_bytes(b"another user's model")
     targets = {"db": data / "fxtune.db", "blob": blob, "data": data, "other_job": other_job}
     monkeypatch.setenv("SNOOP_TARGETS", json.dumps({k: str(v) for k, v in targets.items()}))
+    cache = site / "cache" / "decisions.json"
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_text("{}")
+    monkeypatch.setenv("SNOOP_WRITES", json.dumps({"shared_cache": str(cache)}))
+    monkeypatch.setenv("SNOOP_FILL", "1")
     monkeypatch.setenv("LEAK_VALUE", TOKEN)  # as if the child had learned the token anyway
     monkeypatch.setenv("FXTUNE_WORKER_TOKEN", TOKEN)  # the worker's own environment has it
     monkeypatch.setenv("PYTHONPATH", str(REPO))
@@ -85,7 +90,7 @@ def snooping_worker(url: str, site: Path, sandbox: str, monkeypatch: pytest.Monk
         worker_tune_command=[sys.executable, "-m", "tests.worker.snoop_tune"],
         worker_scratch_dir=site / "scratch",
         worker_decision_cache=site / "cache" / "decisions.json",
-        worker_child_env=["SNOOP_TARGETS", "LEAK_VALUE"],
+        worker_child_env=["SNOOP_TARGETS", "SNOOP_WRITES", "SNOOP_FILL", "LEAK_VALUE"],
         worker_poll_s=0.1,
     )
     return Worker(settings, "cpu", HARDWARE, ServiceClient(url, TOKEN))
@@ -129,8 +134,14 @@ def test_a_sandboxed_child_sees_none_of_the_service_and_leaks_no_token(
         "blob": "FileNotFoundError",
         "data": "FileNotFoundError",
         "other_job": "FileNotFoundError",
+        "write_shared_cache": "FileNotFoundError",  # the caches it reads: a read-only snapshot
+        "fill_tmp": MEMORY_FOLDER_BYTES,  # 1 GiB tried: the memory-backed folders are capped
+        "fill_shm": MEMORY_FOLDER_BYTES,
+        # Its own namespace's processes only (bubblewrap's init), none holding a token.
+        "environ": {"readable": 1, "with_token": 0},
         "env_token": False,
     }
+    assert json.loads((site / "cache" / "decisions.json").read_text()) == {}
     assert found["leak"] == "[redacted]"
     done = job(url, job_id)
     assert done["status"] == "failed" and done["worker_sandbox"] == "bwrap"
@@ -151,6 +162,9 @@ def test_the_same_child_unsandboxed_reads_everything(
     assert worker.run(once=True) == 1
     seen = findings(sent)["seen"]
     assert seen["db"].startswith("read") and seen["blob"].startswith("read")
+    assert seen["write_shared_cache"] == "wrote"
+    assert seen["fill_tmp"] == 1024**3 or seen["fill_tmp"] > MEMORY_FOLDER_BYTES
+    assert seen["environ"]["readable"] > 0
     assert seen["other_job"] == "listed input.pt2"
     assert seen["env_token"] is False  # the allowlist holds without a sandbox too
     done = job(url, job_id)

@@ -139,6 +139,25 @@ class Redactor:
         return text
 
 
+PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
+
+
+def undumpable() -> bool:
+    """Make this process undumpable: its memory, `/proc/<pid>/environ` (which keeps the
+    environment it started with, tokens included, whatever `os.environ` holds later) and ptrace
+    are then closed to processes of the same user that lack CAP_SYS_PTRACE, such as a tuning
+    child run without a sandbox. Its children start dumpable again (execve resets the flag).
+    Whether it took (not on a system without prctl)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        return libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def fxtune_python_path(existing: str | None = None) -> str:
     """A PYTHONPATH under which a child imports this very fxtune: the folder holding the running
     `tuner` package first, then `existing`. Otherwise whatever install the interpreter finds

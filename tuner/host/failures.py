@@ -57,6 +57,9 @@ MAX_FRAMES = 12  # the innermost ones: where it went wrong
 MAX_RECORDS = 50  # per run; identical failures are counted, not repeated
 # Code that is torch's, for `from_torch`: its packages and what it generates or drives.
 TORCH_PACKAGES = ("torch", "functorch", "torchgen", "triton", "sympy", "mpmath", "torch_xla")
+# The CPU runtimes fxtune hands a graph to (`tuner.backends.runtimes`), counted as torch's: what
+# they raise on a graph is theirs, as a lowering error is inductor's.
+RUNTIME_PACKAGES = ("openvino", "onnxruntime", "onnx", "onnxscript", "onnx_ir")
 GENERATED_CODE = ("<eval_with_key>", "torchinductor_")  # FX's generated forward, inductor's cache
 
 Expected = Callable[[BaseException], bool]
@@ -91,7 +94,7 @@ def from_torch(exc: BaseException) -> bool:
         return True
     if isinstance(exc, RuntimeError) and not isinstance(exc, RecursionError):
         return True  # NotImplementedError and torch.OutOfMemoryError included
-    if type(exc).__module__.partition(".")[0] in TORCH_PACKAGES:
+    if type(exc).__module__.partition(".")[0] in TORCH_PACKAGES + RUNTIME_PACKAGES:
         return True
     return _is_torch_code(_raised_in(exc))
 
@@ -113,7 +116,7 @@ def _raised_in(exc: BaseException) -> str:
 @functools.cache
 def _torch_roots() -> tuple[str, ...]:
     roots: list[str] = []
-    for name in TORCH_PACKAGES:
+    for name in TORCH_PACKAGES + RUNTIME_PACKAGES:
         try:
             spec = importlib.util.find_spec(name)  # a top-level name: nothing is imported
         except (ImportError, ValueError):

@@ -13,9 +13,11 @@ the call starting it (the service's warm checkers) must come from a thread that 
 Under bubblewrap the child runs in its own namespaces (no network, its own processes) on a root
 that holds only what it needs: the system's programs and libraries (/usr and its links, the
 /etc files the loader and Python read), the Python environment and fxtune's code, read-only; the
-job folder and the decision cache's folder, writable (but for `read_only` folders in them: the
-files a check reads); a private /tmp. Not `/`: the home folder, the service's data folder
-(database, uploads) and other jobs' folders are simply not there.
+job folder, writable (but for `read_only` folders in it: the files a check reads, the copy of the
+shared caches a job reads); a private /tmp and /dev/shm, memory-backed and capped
+(`MEMORY_FOLDER_BYTES`), in a /dev of its own that is otherwise read-only. Not `/`: the home
+folder, the service's data folder (database, uploads), the shared caches and other jobs' folders
+are simply not there.
 Without bubblewrap nothing of this holds, so a worker refuses to run unless the operator chose
 `none` explicitly (`resolve_sandbox`).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -66,6 +69,13 @@ class Limits:
     wall_s: float
     cpu_s: int | None = None
     address_space_bytes: int | None = None
+
+    def within(self, sandbox: Sandbox) -> Limits:
+        """These limits with the sandbox's memory-backed folders taken off the memory cap."""
+        if self.address_space_bytes is None or not sandbox.memory_bytes:
+            return self
+        cap = max(self.address_space_bytes - sandbox.memory_bytes, sandbox.memory_bytes)
+        return dataclasses.replace(self, address_space_bytes=cap)
 
 
 SandboxMode = Literal["auto", "bwrap", "none"]
@@ -129,6 +139,12 @@ def _outermost(paths: Iterable[Path]) -> list[Path]:
     return kept
 
 
+# Each memory-backed folder of the sandbox (/tmp, /dev/shm) holds at most this: its pages are
+# memory that no address-space limit counts, so a job's cap is lowered by both (`memory_bytes`).
+# The tuner's own temporary files go to the job folder on disk (`child_env.private_temp_env`).
+MEMORY_FOLDER_BYTES = 64 * 1024**2
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """Namespaces around the child: `bwrap`, or `none` (rlimits and a private TMPDIR only)."""
@@ -137,6 +153,13 @@ class Sandbox:
     writable: tuple[Path, ...] = ()
     share_devices: bool = False  # GPUs need the host's /dev and /sys
     read_only: tuple[Path, ...] = ()  # inside a writable folder: what the child reads, not edits
+    memory_folder_bytes: int = MEMORY_FOLDER_BYTES
+
+    @property
+    def memory_bytes(self) -> int:
+        """What the child can hold in memory-backed folders (under bubblewrap): a job's
+        memory cap counts it (`Limits.within`)."""
+        return 2 * self.memory_folder_bytes if self.kind == "bwrap" else 0
 
     def wrap(self, cmd: list[str], workdir: Path, python_path: str | None = None) -> list[str]:
         """`cmd` under bubblewrap; `python_path` (the child's PYTHONPATH) and the folder of the
@@ -156,7 +179,8 @@ class Sandbox:
         return returncode
 
     def binds(self, workdir: Path, readable: Iterable[Path]) -> list[str]:
-        args = ["--proc", "/proc", "--tmpfs", "/tmp"]  # first: a venv under /tmp binds over it
+        size = ["--size", str(self.memory_folder_bytes)]
+        args = ["--proc", "/proc", *size, "--tmpfs", "/tmp"]  # first: a venv in /tmp binds over
         for path in SYSTEM_DIRS:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
@@ -168,8 +192,9 @@ class Sandbox:
             args += ["--ro-bind", str(path), str(path)]
         if self.share_devices:
             args += ["--dev-bind", "/dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
-        else:
-            args += ["--dev", "/dev"]
+            args += [*size, "--tmpfs", "/dev/shm"]  # never the host's shared memory
+        else:  # a /dev of its own, read-only but for a capped /dev/shm (Python's semaphores)
+            args += ["--dev", "/dev", *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
             for path in CPU_SYS:
                 args += ["--ro-bind-try", path, path]
         for path in (workdir, *self.writable):

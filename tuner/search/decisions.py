@@ -14,8 +14,6 @@ in `ignored`, and entries it could not read stay in the file as they were.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +21,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from tuner.contract.config import SiteDecision
+from tuner.host.json_files import write_json
 
 
 @dataclass(frozen=True)
@@ -80,12 +79,19 @@ class MemoryDecisionCache:
 
 
 class JsonDecisionCache:
-    """Decisions in a JSON file, read when opened and rewritten (atomically) on each put."""
+    """Decisions in a JSON file, read when opened and rewritten (atomically) on each put.
 
-    def __init__(self, path: Path) -> None:
+    With `record_to`, the file at `path` is only read, and what this run measures is written
+    to `record_to` alone: a worker's jobs share one store that none of them may write (a job runs
+    an untrusted program), and the worker merges a job's records after checking them
+    (`worker.caches`)."""
+
+    def __init__(self, path: Path, record_to: Path | None = None) -> None:
         self.path = path
+        self.record_to = record_to
         records, self._unread, why = _read(path)
         self._memory = MemoryDecisionCache(records)
+        self._new: dict[str, SiteDecision] = {}
         self.ignored = why
 
     @property
@@ -97,21 +103,19 @@ class JsonDecisionCache:
 
     def put(self, key: DecisionKey, decision: SiteDecision) -> None:
         self._memory.put(key, decision)
+        if self.record_to is not None:
+            self._new[str(key)] = decision
+            write_json(self.record_to, _dumped(self._new))
+            return
         self._unread.pop(str(key), None)
-        self._save()
+        write_json(self.path, {**self._unread, **_dumped(self._memory.records())})
 
     def records(self) -> dict[str, SiteDecision]:
         return self._memory.records()
 
-    def _save(self) -> None:
-        entries = {**self._unread}
-        for k, d in self._memory.records().items():
-            entries[k] = d.model_dump(mode="json", by_alias=True)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f)
-        os.replace(tmp, self.path)
+
+def _dumped(records: dict[str, SiteDecision]) -> dict[str, Any]:
+    return {k: d.model_dump(mode="json", by_alias=True) for k, d in records.items()}
 
 
 def _read(path: Path) -> tuple[dict[str, SiteDecision], dict[str, Any], list[str]]:
@@ -140,6 +144,7 @@ def _read(path: Path) -> tuple[dict[str, SiteDecision], dict[str, Any], list[str
     return records, unread, why
 
 
-def open_decision_cache(path: Path | None) -> DecisionCache:
-    """The JSON file store at `path`, or an in-memory store without one."""
-    return MemoryDecisionCache() if path is None else JsonDecisionCache(path)
+def open_decision_cache(path: Path | None, record_to: Path | None = None) -> DecisionCache:
+    """The JSON file store at `path` (new records to `record_to` where given), or an in-memory
+    store without one."""
+    return MemoryDecisionCache() if path is None else JsonDecisionCache(path, record_to)

@@ -89,7 +89,7 @@ def test_a_worker_tunes_on_its_own_gpu_and_claims_the_kind(tmp_path: Path) -> No
     settings = WorkerSettings(worker_sandbox="none")  # the command only; nothing runs
     worker = Worker(settings, "cuda:1", HARDWARE, ServiceClient("http://x", None))
     job = Assignment(1, 1, "cuda", None, "token", 30.0, "0" * 64, 1, "m", "/file")
-    cmd = worker.command(job, tmp_path / "m.pt2", tmp_path)
+    cmd = worker.command(job, tmp_path / "m.pt2", tmp_path, tmp_path)
     assert cmd[cmd.index("--device") + 1] == "cuda:1"
     assert worker.device.kind == "cuda" and worker.id.endswith("-cuda:1")
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import subprocess
 import time
 
 import pytest
 
-from tuner.host.child_env import REDACTED, Redactor
+from tuner.host.child_env import PR_SET_DUMPABLE, REDACTED, Redactor, undumpable
 
 
 @pytest.mark.parametrize(
@@ -37,3 +40,39 @@ def test_a_long_run_of_letters_is_redacted_in_linear_time() -> None:
     out = Redactor()(text)
     assert time.process_time() - start < 1.0
     assert out.endswith(f"http://u:{REDACTED}@h/")
+
+
+def _environ_read_by_a_peer(hide: bool) -> str:
+    """Fork a process holding a secret in its environment (undumpable if `hide`) and another of
+    the same user (nobody's, when the tests run as root) that reads the first's environment."""
+    secret_ready, done = os.pipe(), os.pipe()
+    holder = os.fork()
+    if holder == 0:  # pragma: no cover - the forked child
+        os.environ.clear()
+        if os.geteuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)  # which makes a process undumpable: as one that started so, again
+            ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        if hide:
+            undumpable()
+        os.write(secret_ready[1], b"x")
+        os.read(done[0], 1)
+        os._exit(0)
+    os.read(secret_ready[0], 1)
+    peek = subprocess.run(
+        ["cat", f"/proc/{holder}/environ"],
+        capture_output=True,
+        user=65534 if os.geteuid() == 0 else None,
+        group=65534 if os.geteuid() == 0 else None,
+        check=False,
+    )
+    os.write(done[1], b"x")
+    os.waitpid(holder, 0)
+    return "read" if peek.returncode == 0 else "refused"
+
+
+def test_an_undumpable_process_hides_its_environment_from_its_own_user() -> None:
+    """What a tuning child without a sandbox could read of the worker: `/proc/<pid>/environ`
+    keeps the environment a process started with, tokens included."""
+    assert _environ_read_by_a_peer(hide=False) == "read"
+    assert _environ_read_by_a_peer(hide=True) == "refused"

@@ -31,6 +31,7 @@ from tests.tuner.tuning_fixtures import (
     registered,
 )
 from tuner.backends import registry as backends
+from tuner.contract.aoti_manifest import Expected, check_package
 from tuner.contract.config import Figures, SizeFigures, TunedConfig
 from tuner.deploy.client import CheckedInputs, FxtuneClientWarning, load_tuned
 from tuner.deploy.dispatch import SizeDispatch
@@ -300,6 +301,10 @@ def _relabelled_outputs(
     assert artifacts["aoti"] == "tuned.aoti.pt2" and artifacts["aoti_max_abs_error"] < 1e-3
     assert [e["aoti"] for e in artifacts["buckets"]] == expected
     assert "aoti_refused" not in artifacts
+    # Each real package passes the service's check of what a worker sends (manifest, members).
+    shipped = Expected(outcome.config.model_fingerprint, "cpu")
+    for rel in {artifacts["aoti"], *(e for e in expected if e)}:
+        assert check_package(out / rel, shipped)["device"] == "cpu"
 
 
 def _serves_the_range(model: nn.Module, outcome: Any, path: Path) -> None:

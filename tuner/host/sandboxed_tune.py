@@ -1,0 +1,237 @@
+"""`fxtune tune` run again as a child, in the sandbox the worker's jobs run in.
+
+Tuning compiles the program, and a compile of an untrusted program is native code generation
+(Inductor's C++, the AOTInductor wrapper): so the command line tunes the way the worker does. The
+child runs under bubblewrap (`tuner.host.sandbox`) in a private folder: the program hard-linked
+(else copied) into `in/`, read-only, a snapshot of the user's caches beside it, read-only too,
+and `out/`, where it writes. Nothing else of the user's files is there: not the folder of the
+outputs (which may be a source tree), not the caches it reads. When it succeeds, the files its
+report names are copied to where the user asked, the report's paths rewritten for that place,
+and what it measured merged into the user's caches after the same checks as a worker's
+(`tuner.host.job_caches`). It is killed at its budget plus `tuner.contract.budget.KILL_MARGIN_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.contract.budget import kill_after_s, overran
+from tuner.contract.errors import FxtuneError
+from tuner.contract.exit_codes import ExitCode
+from tuner.host import job_caches
+from tuner.host.child_env import fxtune_python_path
+from tuner.host.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxUnavailable,
+    physical_memory_bytes,
+    resolve_sandbox,
+    run_child,
+)
+
+MEMORY_SHARE = 0.5  # of physical memory, as a worker's default (`worker_memory_fraction`)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # a child's text reaches a terminal
+
+
+class SandboxRequired(FxtuneError):
+    """No bubblewrap here, and the user did not choose to tune without it."""
+
+
+class TuneStopped(FxtuneError):
+    """The child ran past its budget and the margin, and was stopped."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked `fxtune tune` for; `options` are the other arguments, passed on."""
+
+    model: Path
+    out: Path
+    report: Path
+    options: list[str]
+    budget_s: float
+    device: str = "cpu"
+    world_size: int = 1
+    cache: Path | None = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return not self.device.startswith("cpu")
+
+
+def _place(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _ranks(path: Path, world_size: int) -> list[tuple[str, Path]]:
+    """(rank suffix, path) of each rank's file: the path itself for one rank."""
+    if world_size == 1:
+        return [("", path)]
+    return [(f"_rank{r}", Path(str(path).format(rank=r))) for r in range(world_size)]
+
+
+def command(request: Request, folder: Path) -> list[str]:
+    """The child's `fxtune tune`, on the private folder's files."""
+    inputs, out = folder / "in", folder / "out"
+    model = "model{rank}.pt2" if request.world_size == 1 else "model_rank{rank}.pt2"
+    cmd = [sys.executable, "-m", "fxtune_cli", "tune", str(inputs / model.format(rank=""))]
+    if request.world_size > 1:
+        cmd[-1] = str(inputs / model)
+    cmd += ["--out", str(out / request.out.name), "--report", str(out / "report.json")]
+    cmd += [*request.options, "--no-sandbox", "--progress-json"]
+    if request.cache is not None:
+        snapshot = job_caches.snapshot(request.cache, folder / "cache")
+        cmd += ["--cache", str(snapshot), "--cache-out", str(out / "cache")]
+    return cmd
+
+
+def _prepare(request: Request, folder: Path) -> None:
+    (folder / "in").mkdir()
+    (folder / "out").mkdir()
+    for suffix, path in _ranks(request.model, request.world_size):
+        if not path.is_file():
+            from tuner.contract.errors import ArtifactFormatError
+
+            raise ArtifactFormatError(f"no such file: {path}")
+        _place(path, folder / "in" / f"model{suffix}.pt2")
+
+
+def _inside(folder: Path, rel: Any) -> Path | None:
+    """The file `rel` (relative, as the report names it) within `folder`, or None."""
+    if not isinstance(rel, str) or not rel:
+        return None
+    path = (folder / rel).resolve()
+    return path if path.is_relative_to(folder.resolve()) and path.is_file() else None
+
+
+def _deliver(request: Request, out: Path) -> dict[str, Any]:
+    """Copy the outputs the child's report names to the user's places; the report, its paths
+    rewritten for where it now lies."""
+    report_path = out / "report.json"
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TuneStopped(f"the tuning child wrote no readable report ({exc})") from None
+    for suffix, target in _ranks(request.out, request.world_size):
+        name = (
+            request.out.name
+            if request.world_size == 1
+            else request.out.name.format(rank=suffix.removeprefix("_rank"))
+        )
+        made = _inside(out, name)
+        if made is None:
+            raise TuneStopped(f"the tuning child wrote no {name}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(made, target)
+    artifacts = report.get("artifacts") if isinstance(report, dict) else None
+    if isinstance(artifacts, dict):
+        traces = artifacts.pop("traces", None)
+        stem = request.out.name.removesuffix(".pt2")
+        beside_out = Beside(request.out.parent, re.compile(rf"{re.escape(stem)}\.[\w.\-]+"))
+        artifacts = _delivered(artifacts, out, request, beside_out)
+        beside_report = Beside(request.report.parent, TRACE_NAMES)
+        artifacts["traces"] = _delivered(traces, out, request, beside_report)
+        report["artifacts"] = artifacts
+    request.report.parent.mkdir(parents=True, exist_ok=True)
+    request.report.write_text(json.dumps(report, indent=2))
+    return report
+
+
+TRACE_NAMES = re.compile(r"(baseline|tuned)\.trace\.json")
+
+
+@dataclass(frozen=True)
+class Beside:
+    """Where files named in the report go, and the names they may have there (the child names
+    them: no name may overwrite another of the user's files)."""
+
+    folder: Path
+    names: re.Pattern[str]
+
+
+def _delivered(value: Any, out: Path, request: Request, beside: Beside) -> Any:
+    """The artifacts' paths for where the files now are: each file the child made copied, by
+    its name, next to the user's output (traces: the report), as `write_outputs` places them."""
+    if isinstance(value, dict):
+        return {k: _delivered(v, out, request, beside) for k, v in value.items()}
+    made = _inside(out, value)
+    if made is None or made.name == "report.json":
+        return value
+    if not beside.names.fullmatch(made.name) and made.name != request.out.name:
+        return None  # not a name fxtune writes: not copied
+    target = beside.folder / made.name
+    if target != request.out:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(made, target)
+    return os.path.relpath(target.resolve(), request.report.parent.resolve())
+
+
+def readable(text: str) -> str:
+    """A child's output as it may be shown on a terminal: no control characters."""
+    return _CONTROL.sub("", text)
+
+
+def tune_in_sandbox(request: Request, progress: Callable[[float, str], None]) -> str:
+    """Run the tune in its sandbox; the child's summary (its stderr, made readable). Raises
+    SandboxRequired where bubblewrap cannot run, TuneStopped past the budget, and the child's
+    own error (as a FxtuneError carrying its exit code) when it fails."""
+    try:
+        kind = resolve_sandbox("bwrap")
+    except SandboxUnavailable as exc:
+        raise SandboxRequired(
+            f"{exc}. `fxtune tune` compiles the program, which runs code generated from it: it "
+            "does so in that sandbox, or, for a program you trust, with --no-sandbox"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix="fxtune-tune-") as tmp:
+        folder = Path(tmp)
+        _prepare(request, folder)
+        cmd = command(request, folder)
+        read_only = (folder / "in", *([folder / "cache"] if request.cache else []))
+        sandbox = Sandbox(kind, read_only=read_only, share_devices=request.on_gpu)
+        memory = int(physical_memory_bytes() * MEMORY_SHARE)
+        limits = Limits(kill_after_s(request.budget_s), address_space_bytes=memory)
+        if sandbox.share_devices:  # CUDA reserves huge virtual ranges
+            limits = Limits(limits.wall_s)
+        env = {"PYTHONPATH": fxtune_python_path(os.environ.get("PYTHONPATH"))}
+        result = run_child(cmd, limits.within(sandbox), folder, progress, env=env, sandbox=sandbox)
+        summary = readable((folder / "stderr.log").read_text(errors="replace")[-20_000:])
+        if result.timed_out:
+            raise TuneStopped(overran(request.budget_s))
+        if not result.ok:
+            raise ChildFailed(result.returncode, readable(result.error or ""))
+        _deliver(request, folder / "out")
+        if request.cache is not None:
+            _merge(request, folder / "out")
+        return summary
+
+
+def _merge(request: Request, out: Path) -> None:
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        return
+    hardware, sites = job_caches.report_sites(report)
+    if hardware is not None and request.cache is not None:
+        job_caches.merge_recorded(
+            out / "cache", request.cache, job_caches.hardware_part(hardware), sites
+        )
+
+
+class ChildFailed(FxtuneError):
+    """The child exited with an error: its code and message are the command's."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message.removeprefix("error: ") or f"tuning failed (status {code})")
+        self.code = code if code > 0 else ExitCode.INTERNAL  # killed by a signal
