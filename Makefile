@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-quick bytecode lint demo demo-serve serve bench bench-zoo gpu-check clean
+.PHONY: venv test test-quick bytecode lint docs tables demo demo-serve serve bench bench-zoo gpu-check clean
 
 venv: $(STAMP)
 
@@ -35,17 +35,27 @@ lint: venv
 # `make test-quick` leaves out the tests marked `slow` (real third-party models, services and
 # tuning runs end to end, the installed wheel): the loop to run while working.
 PYTEST := $(VENV)/bin/pytest -q
-test: venv lint bytecode
+test: venv lint bytecode docs
 	status=0; \
 	$(PYTEST) -m "not serial" || status=$$?; \
 	$(PYTEST) -n 0 -m serial || status=$$?; \
 	exit $$status
 
-test-quick: venv lint bytecode
+test-quick: venv lint bytecode docs
 	status=0; \
 	$(PYTEST) -m "not slow and not serial" || status=$$?; \
 	$(PYTEST) -n 0 -m "serial and not slow" || status=$$?; \
 	exit $$status
+
+# The documentation site (mkdocs.yml), built offline with --strict: a broken link, a missing page
+# or a generated page that no longer builds (the HTTP API from the app's OpenAPI document, the
+# settings tables from the settings objects: docs/hooks/generate.py) fails `make test`.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The README's and the docs' results tables and plot, from bench/out/ (one JSON per benchmark).
+tables: venv
+	$(PY) -m bench.tables
 
 # Bytecode first: where PYTHONDONTWRITEBYTECODE=1 (CI containers set it) every Python the suite
 # starts, a few hundred of them, would compile fxtune's modules from source again.
@@ -75,13 +85,14 @@ bench: venv
 bench-zoo: venv
 	$(PY) -m bench.zoo $(ZOO_ARGS)
 
-# Every CUDA path end to end, into OUT/gpu-check.json and .md (issue 22). Not through the venv:
-# on a GPU host it runs the machine's own torch (bench/gpu_check.sh says how it picks). Without
-# CUDA it writes "no CUDA device: nothing checked" and exits 0; GPU_CHECK_ARGS="--device cpu"
-# is a dry run of the harness on the CPU.
-OUT ?= bench/out/gpu-check
+# Every CUDA path end to end, into OUT/gpu-check.json and .md, the rows' logs in OUT/logs (issue 22);
+# a run on a GPU also becomes the current one, bench/out/gpu-check.json (`make tables` renders it).
+# Not through the venv: on a GPU host it runs the machine's own torch (bench/gpu_check.sh says
+# how it picks). Without CUDA it writes "no CUDA device: nothing checked" and exits 0;
+# GPU_CHECK_ARGS="--device cpu" is a dry run of the harness on the CPU.
+OUT ?= build/gpu-check
 gpu-check:
 	bash bench/gpu_check.sh $(OUT) $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build/site

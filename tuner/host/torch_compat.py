@@ -61,9 +61,11 @@ class PrivateApi:
 PRIVATE_APIS: tuple[PrivateApi, ...] = (
     PrivateApi(
         "torch.utils._pytree",
-        ("tree_flatten", "tree_map", "tree_leaves", "tree_structure"),
+        ("tree_flatten", "tree_map", "tree_leaves", "tree_structure", "tree_unflatten", "TreeSpec"),
         (
             "graph/capture.py",
+            "graph/copying.py",
+            "backends/runtime_runner.py",
             "measure/equivalence.py",
             "measure/inputs.py",
             "training/step.py",
@@ -126,8 +128,8 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     PrivateApi(
         "torch.utils._python_dispatch",
         ("TorchDispatchMode",),
-        ("profiling/counting.py",),
-        "counting the ATen ops one iteration dispatches",
+        ("profiling/counting.py", "loading/op_costs.py"),
+        "counting the ATen ops one iteration dispatches; pricing the ops a node runs",
     ),
     PrivateApi(
         "torch._inductor",
@@ -149,7 +151,7 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     ),
     PrivateApi(
         "torch._export.serde.schema",
-        ("ExportedProgram", "PayloadConfig", "ScalarType", "Layout"),
+        ("ExportedProgram", "PayloadConfig", "ScalarType", "Layout", "SCHEMA_VERSION"),
         ("loading/load.py", "loading/program_schema.py"),
         "the safe loader reads the archive's JSON against export's own schema",
     ),
@@ -170,6 +172,7 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
         ("arguments", "returns"),
         (
             "loading/bounds.py",
+            "loading/op_costs.py",
             "graph/nodes.py",
             "passes/fuse_horizontal_pointwise.py",
             "passes/overlap_comm_compute.py",
@@ -179,9 +182,9 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     ),
     PrivateApi(
         "Graph._codegen",
-        ("pytree_info",),
-        ("graph/capture.py",),
-        "an unlifted graph's calling convention",
+        ("pytree_info", "_tracer_cls"),
+        ("graph/capture.py", "graph/copying.py"),
+        "an unlifted graph's calling convention (copied sharing its tree specs)",
         kind="attribute",
     ),
     PrivateApi(

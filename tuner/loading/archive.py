@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tuner.contract.errors import ArtifactFormatError, UnsafeArtifactError
+from tuner.loading import diagnose
 
 GiB = 1024**3
 MiB = 1024**2
@@ -228,11 +229,15 @@ def open_archive(path: Path | str, limits: ArchiveLimits | None = None) -> Progr
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+    except FileNotFoundError:
+        raise diagnose.missing_file(path) from None
+    except zipfile.BadZipFile as exc:
+        raise diagnose.not_a_zip(path, _short(exc)) from None
+    except (OSError, ValueError, NotImplementedError) as exc:
         raise ArtifactFormatError(f"not a .pt2 archive (zip): {_short(exc)}") from None
-    names = (i.filename for i in infos)
+    names = [i.filename for i in infos]
     if not any(n.count("/") == 1 and n.endswith("/archive_format") for n in names):
-        raise ArtifactFormatError("zip file is not a torch.export .pt2 archive (no archive_format)")
+        raise diagnose.not_a_program(names)
     if len(infos) > limits.max_members:
         raise UnsafeArtifactError(
             f"refused: the archive has {len(infos)} members (cap {limits.max_members})"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import threading
 import zipfile
 from pathlib import Path
@@ -27,6 +28,7 @@ from torch.export.graph_signature import InputKind
 
 from tuner.contract.errors import ArtifactFormatError, LoaderUnavailableError, UnsafeArtifactError
 from tuner.host import failures
+from tuner.loading import diagnose
 from tuner.loading.archive import ArchiveLimits, ProgramArchive, open_archive
 from tuner.loading.op_policy import check_program_json
 from tuner.loading.program_schema import sanitize_payload_config, sanitize_program
@@ -37,6 +39,7 @@ CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
 SAMPLE_INPUTS = "data/sample_inputs/model.pt"
 _STRIDED_LAYOUT = 7  # torch._export.serde.schema.Layout.Strided
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_TORCH_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}")  # what a program's torch_version may be
 # torch's deserializer keeps the one in progress in a module global: one program at a time.
 _DESERIALIZE = threading.Lock()
 
@@ -190,9 +193,36 @@ def _json(archive: ProgramArchive, rel: str) -> Any:
         raise ArtifactFormatError(f"{rel} is not valid JSON: {exc}") from None
 
 
-def _program_json(archive: ProgramArchive) -> tuple[bytes, dict[str, Any]]:
+def _exported_with(program: dict[str, Any]) -> str | None:
+    """The torch release that exported the program, where it says so in a plain version string
+    (torch 2.4 and older wrote none)."""
+    if "torch_version" not in program:
+        return diagnose.TORCH_OLD_DEFAULT
+    version = program["torch_version"]
+    return version if isinstance(version, str) and _TORCH_VERSION.fullmatch(version) else None
+
+
+def _check_schema_major(program: dict[str, Any], exported: str | None) -> None:
+    """torch reads only programs of its own schema major version (as its deserializer would
+    refuse later, with neither torch version named)."""
+    from torch._export.serde import schema
+
+    readable = getattr(schema, "SCHEMA_VERSION", None)
+    if not isinstance(readable, tuple):
+        return  # the deserializer's own check stands
+    ours = readable[0]
+    theirs = program.get("schema_version")
+    major = theirs.get("major") if isinstance(theirs, dict) else None
+    minor = theirs.get("minor") if isinstance(theirs, dict) else None
+    if type(major) is int and type(minor) is int and major != ours and (major, minor) != (0, 0):
+        raise diagnose.other_torch(
+            exported, f"its export schema is version {major}.{minor}; this torch reads {ours}.x"
+        )
+
+
+def _program_json(archive: ProgramArchive) -> tuple[bytes, dict[str, Any], str | None]:
     """The program JSON as fxtune re-serializes it after the schema check: torch's deserializer
-    only ever sees these bytes, never the upload's."""
+    only ever sees these bytes, never the upload's. Also the torch release it names."""
     raw = archive.read(PROGRAM_JSON, archive.limits.max_json_bytes)
     try:
         program = json.loads(raw)
@@ -200,24 +230,33 @@ def _program_json(archive: ProgramArchive) -> tuple[bytes, dict[str, Any]]:
         raise ArtifactFormatError(f"{PROGRAM_JSON} is not valid JSON: {exc}") from None
     if not isinstance(program, dict) or "graph_module" not in program:
         raise ArtifactFormatError(f"{PROGRAM_JSON} is not a serialized exported program")
+    exported = _exported_with(program)
+    _check_schema_major(program, exported)
     try:
         program = sanitize_program(program)
     except RecursionError:
         raise UnsafeArtifactError(f"refused {PROGRAM_JSON}: nested too deeply") from None
-    return json.dumps(program).encode(), program
+    except (ArtifactFormatError, UnsafeArtifactError) as exc:
+        raise diagnose.with_torch_hint(exc, exported) from None
+    return json.dumps(program).encode(), program, exported
 
 
-def _checked(path: Path | str, limits: ArchiveLimits | None) -> tuple[ProgramArchive, bytes]:
+def _checked(
+    path: Path | str, limits: ArchiveLimits | None
+) -> tuple[ProgramArchive, bytes, str | None]:
     path = Path(path)
     if not path.is_file():
-        raise ArtifactFormatError(f"no such file: {path}")
+        raise diagnose.missing_file(path)
     archive = open_archive(path, limits)
-    raw, program = _program_json(archive)
-    check_program_json(program)
+    raw, program, exported = _program_json(archive)
+    try:
+        check_program_json(program)
+    except (ArtifactFormatError, UnsafeArtifactError) as exc:
+        raise diagnose.with_torch_hint(exc, exported) from None
     version = archive.read_text("archive_version", 64) if archive.has("archive_version") else "0"
     if version.strip() != "0":
         raise ArtifactFormatError(f"unsupported .pt2 archive version {version.strip()!r}")
-    return archive, raw
+    return archive, raw, exported
 
 
 def check_archive(path: Path | str, limits: ArchiveLimits | None = None) -> ProgramArchive:
@@ -253,7 +292,7 @@ def _check_weights(program: ExportedProgram) -> None:
 
 def load_program(path: Path | str, limits: ArchiveLimits | None = None) -> ExportedProgram:
     """Load a `.pt2` written by `torch.export.save`, refusing anything that could run code."""
-    archive, raw_program = _checked(path, limits)
+    archive, raw_program, exported = _checked(path, limits)
     serialize = _serde()
     with archive.kept_open():
         state_dict = _PayloadReader(archive, "data/weights", "weight_").all(WEIGHTS_CONFIG)
@@ -275,7 +314,9 @@ def load_program(path: Path | str, limits: ArchiveLimits | None = None) -> Expor
         raise
     except Exception as exc:  # torch's deserializer, not written for hostile input, says why
         failures.input_fault(exc, "deserializing the program")
-        raise ArtifactFormatError(f"could not load {Path(path).name}: {exc}") from exc
+        raise diagnose.with_torch_hint(
+            ArtifactFormatError(f"could not load {Path(path).name}: {exc}"), exported
+        ) from exc
     if not isinstance(program, ExportedProgram):
         raise ArtifactFormatError(f"{Path(path).name} holds no ExportedProgram")
     _check_weights(program)
