@@ -10,9 +10,9 @@ installed distributions' metadata, so a worker can declare them without loading 
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from dataclasses import dataclass
+
+from tuner.host.versions import OPTIONAL_RUNTIMES, distribution_version, importable
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ RUNTIMES: dict[str, Runtime] = {
     "openvino": Runtime(
         name="openvino",
         module="openvino",
-        distributions=("openvino",),
+        distributions=OPTIONAL_RUNTIMES["openvino"],
         extra="openvino",
         format="openvino-ir-zip",  # model.xml and model.bin, stored in one zip
         suffix=".openvino.zip",
@@ -43,8 +43,7 @@ RUNTIMES: dict[str, Runtime] = {
     "onnxruntime": Runtime(
         name="onnxruntime",
         module="onnxruntime",
-        # The GPU and Intel builds install the same module under other distribution names.
-        distributions=("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino"),
+        distributions=OPTIONAL_RUNTIMES["onnxruntime"],  # its GPU and Intel builds too
         extra="onnxruntime",
         format="onnx",
         suffix=".onnx",
@@ -55,30 +54,14 @@ RUNTIMES: dict[str, Runtime] = {
 ONNX_EXPORT_MODULES = ("onnx", "onnxscript")
 
 
-def _version(distributions: tuple[str, ...]) -> str | None:
-    for dist in distributions:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def installed_version(name: str) -> str | None:
     """The runtime's version where it (and what building its artifact needs) is installed."""
     runtime = RUNTIMES[name]
-    if not _importable(runtime.module):
+    if not importable(runtime.module):
         return None
-    if name == "onnxruntime" and not all(_importable(m) for m in ONNX_EXPORT_MODULES):
+    if name == "onnxruntime" and not all(importable(m) for m in ONNX_EXPORT_MODULES):
         return None
-    return _version(runtime.distributions)
+    return distribution_version(*runtime.distributions)
 
 
 def installed_runtimes() -> dict[str, str]:

@@ -26,7 +26,7 @@ def distribution_version(*names: str) -> str | None:
     return None
 
 
-def _importable(module: str) -> bool:
+def importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None  # finds, does not import
     except (ImportError, ValueError):
@@ -37,7 +37,7 @@ def runtime_versions() -> dict[str, str]:
     """{runtime: its version, or "not installed"} for each optional runtime."""
     found = {}
     for module, distributions in OPTIONAL_RUNTIMES.items():
-        version = distribution_version(*distributions) if _importable(module) else None
+        version = distribution_version(*distributions) if importable(module) else None
         found[module] = version or NOT_INSTALLED
     return found
 

@@ -41,6 +41,7 @@ from tuner.measure.timing import fixed_threads
 from tuner.passes.apply import Transformed
 from tuner.search.buckets import ORIGINAL
 from tuner.search.site_search import Progress, SearchResult, SearchSettings, SiteSearch
+from tuner.tuning import promise
 from tuner.tuning.bucketing import (
     Bucketed,
     BucketOutcome,
@@ -207,7 +208,14 @@ class Tuner:
         points, wanted = self.run.points, self.run.backends()
         decisions, have = search.decisions, peers + early + rest
         rest += size_candidates(gm0, inputs, captured.spec, points, decisions, wanted, have)
-        figures += self.judge.all(captured, rest, say, (0.6, 0.8))
+        # Eager first (no build: they measure the passes' own gain), then by promise.
+        eager = [c for c in rest if c.backend == "eager"]
+        figures += self.judge.all(captured, eager, say, (0.6, 0.65))
+        speeds = promise.measured(early + eager, figures)
+        timed, hopeless = promise.by_promise([c for c in rest if c.backend != "eager"], speeds)
+        figures += self.judge.all(captured, timed, say, (0.65, 0.8))
+        figures += [fig for _, fig in hopeless]
+        rest = eager + timed + [c for c, _ in hopeless]
         figures += self.judge.all(captured, last, say, (0.8, 0.85))
         return search, early + rest + last, figures
 

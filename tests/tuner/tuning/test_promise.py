@@ -1,0 +1,71 @@
+"""Whole-model candidates are timed by promise: the backend's gain times the passes' gain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.contract.config import Figures, PassStep, Verdict
+from tuner.tuning.candidates import Candidate
+from tuner.tuning.promise import SLACK, by_promise, measured
+
+EVERY = [PassStep(pass_name="fuse_horizontal_embedding_bag", sites=["a", "b"])]
+TUNED = [PassStep(pass_name="remove_dropout", sites=["c"])]
+
+
+def cand(backend: str, passes: list[PassStep]) -> Candidate:
+    return Candidate(f"{backend} {len(passes)}", backend, passes, transformed=None)  # type: ignore[arg-type]
+
+
+def fig(c: Candidate, speedup: float | None, **kw: Any) -> Figures:
+    verdict = kw.pop("verdict", Verdict.FASTER if speedup else Verdict.NOT_MEASURED)
+    return Figures(
+        name=c.name, backend=c.backend, passes=c.passes, speedup=speedup, verdict=verdict, **kw
+    )
+
+
+def test_the_recommendation_models_winner_goes_first_and_the_hopeless_are_not_timed() -> None:
+    """As on the seeds' recommendation model at 120 s: ONNX Runtime at 0.06x had its pass
+    variants timed while AOTInductor with every pass (the 4x winner) ran out of budget."""
+    peers = {b: cand(b, []) for b in ("inductor", "openvino", "onnxruntime", "compile")}
+    eager = [cand("eager", TUNED), cand("eager", EVERY)]
+    seen = [*peers.values(), *eager]
+    speeds = [1.73, 1.04, 0.06, None, 1.89, 1.98]
+    got = measured(seen, [fig(c, s) for c, s in zip(seen, speeds, strict=True)])
+    rest = [
+        cand(b, p)
+        for b in ("openvino", "onnxruntime", "inductor", "compile")
+        for p in (TUNED, EVERY)
+    ]
+    timed, hopeless = by_promise(rest, got)
+    assert [(c.backend, c.passes is EVERY) for c in timed] == [
+        ("inductor", True),  # 1.73 * 1.98
+        ("inductor", False),
+        ("openvino", True),
+        ("openvino", False),
+        ("compile", False),  # torch.compile alone was not measured: no prediction, last
+        ("compile", True),
+    ]
+    assert [c.backend for c, _ in hopeless] == ["onnxruntime", "onnxruntime"]
+    reason = hopeless[1][1].reason or ""
+    assert (
+        hopeless[1][1].verdict == Verdict.NOT_MEASURED and "0.06x" in reason and "1.98x" in reason
+    )
+
+
+def test_the_line_is_slack_times_the_prediction_against_the_best() -> None:
+    """Every pass in eager at 2x is the best; OpenVINO with every pass is predicted at
+    2x its gain alone, so it is timed while SLACK times that reaches 2x."""
+    for alone, timed_expected in ((1.02 / SLACK, True), (0.98 / SLACK, False)):
+        seen = [cand("openvino", []), cand("eager", EVERY)]
+        got = measured(seen, [fig(seen[0], alone), fig(seen[1], 2.0)])
+        timed, hopeless = by_promise([cand("openvino", EVERY)], got)
+        assert (len(timed), len(hopeless)) == ((1, 0) if timed_expected else (0, 1))
+
+
+def test_wrong_or_unmeasured_figures_predict_nothing() -> None:
+    c = [cand("inductor", []), cand("eager", EVERY)]
+    wrong = fig(c[0], 3.0, verdict=Verdict.WRONG_OUTPUTS)
+    got = measured(c, [wrong, fig(c[1], 2.0)])
+    assert got == {("eager", (("fuse_horizontal_embedding_bag", ("a", "b")),)): 2.0}
+    timed, hopeless = by_promise([cand("inductor", EVERY)], got)
+    assert len(timed) == 1 and not hopeless
