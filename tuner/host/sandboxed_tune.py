@@ -178,6 +178,18 @@ def _delivered(value: Any, out: Path, request: Request, beside: Beside) -> Any:
     return os.path.relpath(target.resolve(), request.report.parent.resolve())
 
 
+TABLE_TOP = "┏"  # the first line of the child's candidates table
+
+
+def summary_of(stderr_text: str, keep: int = 20_000) -> str:
+    """What the child printed for people, from its candidates table on: not what its libraries
+    logged on the way (the profiler's USDT lines, ONNX's exporter)."""
+    lines = stderr_text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(TABLE_TOP)]
+    shown = lines[starts[-1] :] if starts else lines[-40:]
+    return "\n".join(shown)[-keep:]
+
+
 def readable(text: str) -> str:
     """A child's output as it may be shown on a terminal: no control characters."""
     return _CONTROL.sub("", text)
@@ -206,7 +218,7 @@ def tune_in_sandbox(request: Request, progress: Callable[[float, str], None]) ->
             limits = Limits(limits.wall_s)
         env = {"PYTHONPATH": fxtune_python_path(os.environ.get("PYTHONPATH"))}
         result = run_child(cmd, limits.within(sandbox), folder, progress, env=env, sandbox=sandbox)
-        summary = readable((folder / "stderr.log").read_text(errors="replace")[-20_000:])
+        summary = summary_of(readable((folder / "stderr.log").read_text(errors="replace")))
         if result.timed_out:
             raise TuneStopped(overran(request.budget_s))
         if not result.ok:

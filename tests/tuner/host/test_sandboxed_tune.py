@@ -17,7 +17,7 @@ from tests.crafted import assert_message, cpp_payload
 from tests.service.helpers import REPO
 from tuner.graph.capture import export_module, save_program
 from tuner.host.sandbox import bwrap_works
-from tuner.host.sandboxed_tune import Beside, Request, _delivered
+from tuner.host.sandboxed_tune import Beside, Request, _delivered, summary_of
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot run here")
 
@@ -107,3 +107,9 @@ def test_only_the_names_fxtune_writes_are_copied_back(tmp_path: Path) -> None:
     kept = _delivered(artifacts, out, request, beside)
     assert kept == {"aoti": "m.aoti.pt2", "evil": None, "escape": "../in.pt2", "note": "text"}
     assert sorted(p.name for p in dest.iterdir()) == ["m.aoti.pt2"]
+
+
+def test_the_summary_shown_is_the_childs_table_not_its_libraries_log() -> None:
+    log = "USDT: profiler_start\nSkipping constant folding\n┏━━┓\n┃ a ┃\n┗━━┛\nchosen: eager\n"
+    assert summary_of(log) == "┏━━┓\n┃ a ┃\n┗━━┛\nchosen: eager"
+    assert summary_of("only a line") == "only a line"
