@@ -21,15 +21,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tuner.host.files import link_or_copy
+
 INPUTS = "in"
-
-
-def _place(src: Path, dst: Path) -> None:
-    """A hard link where it can be, else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 class CheckFolder:
@@ -51,7 +45,7 @@ class CheckFolder:
     def place(self, files: dict[str, Path]) -> dict[str, str]:
         """Put `files` (name: source) into `in/`; their paths as the child names them."""
         for name, src in files.items():
-            _place(src, self.inputs / name)
+            link_or_copy(src, self.inputs / name)
         return {name: f"{INPUTS}/{name}" for name in files}
 
     def remove(self) -> None:

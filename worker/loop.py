@@ -46,7 +46,7 @@ ONCE_PATIENCE_S = 60.0  # with --once, give up on a service that stays unreachab
 RANK_INPUT = "input_rank{rank}.pt2"  # a distributed job's programs (`fxtune tune` fills {rank})
 RANK_OUTPUT = "tuned_rank{rank}.pt2"
 CACHE_IN = "cache"  # the job folder's read-only snapshot of the shared caches
-CACHE_OUT = "cache"  # under the job's output folder: what it measured (`tuner.host.job_caches`)
+CACHE_OUT = job_caches.RECORDED  # under the job's output folder: what it measured
 
 
 class Heartbeat(threading.Thread):
@@ -249,24 +249,11 @@ class Worker:
 
     def merge_caches(self, job: Assignment, out: Path) -> None:
         """What the job measured, into the shared caches, once the service accepted its result:
-        only records that pass `tuner.host.job_caches.merge_recorded`'s checks."""
-        try:
-            report = json.loads((out / "report.json").read_text())
-        except (OSError, ValueError):
-            return
-        hardware, sites = job_caches.report_sites(report)
+        only records that pass `tuner.host.job_caches.merge_job`'s checks, for the hardware this
+        worker's own probe found."""
         mine = self.hardware.get("key")
-        if hardware is None or not isinstance(mine, str):
-            return
-        if job_caches.hardware_part(hardware) != job_caches.hardware_part(mine):
-            log.warning("job %d: its report names other hardware; its caches not kept", job.job_id)
-            return
-        merged = job_caches.merge_recorded(
-            out / CACHE_OUT,
-            self.settings.worker_decision_cache,
-            job_caches.hardware_part(mine),
-            sites,
-        )
+        store = self.settings.worker_decision_cache
+        merged = job_caches.merge_job(out, store, mine if isinstance(mine, str) else "unknown")
         if merged.refused:
             log.warning(
                 "job %d: %d cache record(s) refused: %s",

@@ -22,9 +22,10 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from tuner.host.json_files import write_json
+from tuner.host.files import write_json
+from tuner.host.job_caches import KEPT_COMPILES
 
-KEPT = 8  # measurements kept per key, newest last
+KEPT = KEPT_COMPILES  # measurements kept per key, newest last (a job's merge keeps as many)
 
 # Before anything is measured on a machine, per backend: (fixed seconds, seconds per node), as
 # measured on this project's 2-core CPU (torch 2.13, a quiet machine).

@@ -25,16 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.host.json_files import write_json
+from tuner.host.files import write_json
 
 # Where the tuner's caches are kept by default: a folder of their own, apart from the deployment
 # client's config cache (`tuner.deploy.client.DEFAULT_CACHE`), which a job never reaches.
 DEFAULT_STORE = Path.home() / ".cache" / "fxtune" / "tuning" / "decisions.json"
 DECISIONS = "decisions.json"
+RECORDED = "cache"  # in a job's output folder: what it measured (`fxtune tune --cache-out`)
 COMPILE_TIMES = "compile_times.json"
 MAX_RECORDED_BYTES = 8 * 1024**2
 MAX_RECORDS = 20_000
-KEPT_COMPILES = 8  # as `tuner.backends.compile_time.KEPT`
+KEPT_COMPILES = 8  # compile times kept per key, newest last (`tuner.backends.compile_time`)
 
 _TAG = re.compile(r"[A-Za-z0-9_.+@\-]{1,80}")
 _SITE = re.compile(r"(?P<id>[0-9a-f]{16})(?:@[A-Za-z0-9_=;,.\-]{1,400})?")
@@ -168,6 +169,26 @@ def merge_recorded(recorded: Path, store: Path, hardware: str, sites: set[str]) 
         if merged.compile_times:
             write_json(times_path, times)
     return merged
+
+
+def merge_job(out: Path, store: Path, machine: str | None = None) -> Merged:
+    """Merge what a finished job measured (`out/cache`) into the stores beside `store`, for the
+    sites its report (`out/report.json`) names and the hardware it ran on: `machine`, the key
+    the caller trusts (a worker's, from its own probe), which the report must name; None: the
+    report's own (a user's run on their machine)."""
+    merged = Merged()
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        merged.refused.append("report.json is unreadable: nothing merged")
+        return merged
+    hardware, sites = report_sites(report)
+    if hardware is None or (
+        machine is not None and hardware_part(hardware) != hardware_part(machine)
+    ):
+        merged.refused.append("its report names no hardware, or other hardware: nothing merged")
+        return merged
+    return merge_recorded(out / RECORDED, store, hardware_part(hardware), sites)
 
 
 def report_sites(report: dict[str, Any]) -> tuple[str | None, set[str]]:

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.contract.budget import kill_after_s, overran
-from tuner.contract.errors import FxtuneError
+from tuner.contract.errors import ArtifactFormatError, FxtuneError
 from tuner.contract.exit_codes import ExitCode
 from tuner.host import job_caches
 from tuner.host.child_env import fxtune_python_path
+from tuner.host.files import link_or_copy
 from tuner.host.sandbox import (
     Limits,
     Sandbox,
@@ -68,44 +69,38 @@ class Request:
         return not self.device.startswith("cpu")
 
 
-def _place(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-def _ranks(path: Path, world_size: int) -> list[tuple[str, Path]]:
-    """(rank suffix, path) of each rank's file: the path itself for one rank."""
+def _ranked(path: Path | str, world_size: int) -> list[Path]:
+    """Each rank's file of a `{rank}` pattern (a distributed run); the path itself for one."""
     if world_size == 1:
-        return [("", path)]
-    return [(f"_rank{r}", Path(str(path).format(rank=r))) for r in range(world_size)]
+        return [Path(path)]
+    return [Path(str(path).format(rank=r)) for r in range(world_size)]
+
+
+def _model_in(folder: Path, world_size: int) -> str:
+    """The program's name in the child's `in/` (a `{rank}` pattern for a distributed run)."""
+    return str(folder / "in" / ("model.pt2" if world_size == 1 else "model_rank{rank}.pt2"))
 
 
 def command(request: Request, folder: Path) -> list[str]:
     """The child's `fxtune tune`, on the private folder's files."""
-    inputs, out = folder / "in", folder / "out"
-    model = "model{rank}.pt2" if request.world_size == 1 else "model_rank{rank}.pt2"
-    cmd = [sys.executable, "-m", "fxtune_cli", "tune", str(inputs / model.format(rank=""))]
-    if request.world_size > 1:
-        cmd[-1] = str(inputs / model)
+    out = folder / "out"
+    cmd = [sys.executable, "-m", "fxtune_cli", "tune", _model_in(folder, request.world_size)]
     cmd += ["--out", str(out / request.out.name), "--report", str(out / "report.json")]
     cmd += [*request.options, "--no-sandbox", "--progress-json"]
     if request.cache is not None:
         snapshot = job_caches.snapshot(request.cache, folder / "cache")
-        cmd += ["--cache", str(snapshot), "--cache-out", str(out / "cache")]
+        cmd += ["--cache", str(snapshot), "--cache-out", str(out / job_caches.RECORDED)]
     return cmd
 
 
 def _prepare(request: Request, folder: Path) -> None:
     (folder / "in").mkdir()
     (folder / "out").mkdir()
-    for suffix, path in _ranks(request.model, request.world_size):
+    places = _ranked(_model_in(folder, request.world_size), request.world_size)
+    for path, place in zip(_ranked(request.model, request.world_size), places, strict=True):
         if not path.is_file():
-            from tuner.contract.errors import ArtifactFormatError
-
             raise ArtifactFormatError(f"no such file: {path}")
-        _place(path, folder / "in" / f"model{suffix}.pt2")
+        link_or_copy(path, place)
 
 
 def _inside(folder: Path, rel: Any) -> Path | None:
@@ -124,13 +119,9 @@ def _deliver(request: Request, out: Path) -> dict[str, Any]:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError) as exc:
         raise TuneStopped(f"the tuning child wrote no readable report ({exc})") from None
-    for suffix, target in _ranks(request.out, request.world_size):
-        name = (
-            request.out.name
-            if request.world_size == 1
-            else request.out.name.format(rank=suffix.removeprefix("_rank"))
-        )
-        made = _inside(out, name)
+    names = _ranked(request.out.name, request.world_size)
+    for name, target in zip(names, _ranked(request.out, request.world_size), strict=True):
+        made = _inside(out, name.name)
         if made is None:
             raise TuneStopped(f"the tuning child wrote no {name}")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -225,20 +216,8 @@ def tune_in_sandbox(request: Request, progress: Callable[[float, str], None]) ->
             raise ChildFailed(result.returncode, readable(result.error or ""))
         _deliver(request, folder / "out")
         if request.cache is not None:
-            _merge(request, folder / "out")
+            job_caches.merge_job(folder / "out", request.cache)
         return summary
-
-
-def _merge(request: Request, out: Path) -> None:
-    try:
-        report = json.loads((out / "report.json").read_text())
-    except (OSError, ValueError):
-        return
-    hardware, sites = job_caches.report_sites(report)
-    if hardware is not None and request.cache is not None:
-        job_caches.merge_recorded(
-            out / "cache", request.cache, job_caches.hardware_part(hardware), sites
-        )
 
 
 class ChildFailed(FxtuneError):

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from tuner.contract.config import SiteDecision
-from tuner.host.json_files import write_json
+from tuner.host.files import write_json
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class JsonDecisionCache:
     With `record_to`, the file at `path` is only read, and what this run measures is written
     to `record_to` alone: a worker's jobs share one store that none of them may write (a job runs
     an untrusted program), and the worker merges a job's records after checking them
-    (`worker.caches`)."""
+    (`tuner.host.job_caches`)."""
 
     def __init__(self, path: Path, record_to: Path | None = None) -> None:
         self.path = path
