@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tuner.host.files import write_json
-from tuner.host.job_caches import KEPT_COMPILES
+from tuner.host.job_caches import COMPILE_TIMES, KEPT_COMPILES
 
 KEPT = KEPT_COMPILES  # measurements kept per key, newest last (a job's merge keeps as many)
 
@@ -53,7 +53,7 @@ PRIORS: dict[str, tuple[float, float]] = {
 PRIOR_OTHER = (40.0, 0.05)  # a compiling backend with no prior of its own
 
 
-FILE_NAME = "compile_times.json"
+FILE_NAME = COMPILE_TIMES
 
 
 class CompileTimes:

@@ -10,6 +10,7 @@ from tuner.contract.config import Mode
 from tuner.contract.device import CPU, Device
 from tuner.contract.errors import InputError
 from tuner.contract.training import OPTIMIZER_NAMES
+from tuner.host.job_caches import DECISIONS
 from tuner.host.load import CoreLoad
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class TuneOptions:
 
     @property
     def new_decisions_path(self) -> Path | None:
-        return None if self.cache_out is None else self.cache_out / "decisions.json"
+        return None if self.cache_out is None else self.cache_out / DECISIONS
 
     @property
     def isolates(self) -> bool:
