@@ -231,19 +231,9 @@ def power_towers(root: Path, count: int) -> list[Path]:
     from tests.service.helpers import variant
 
     src = crafted.dynamic_program(root / "dynamic.pt2")
-
-    def edit(name: str, data: bytes) -> bytes:
-        if not name.endswith("models/model.json"):
-            return data
-        program = json.loads(data)
-        for meta in program["graph_module"]["graph"]["tensor_values"].values():
-            for size in meta["sizes"]:
-                if "as_expr" in size:
-                    size["as_expr"]["expr_str"] = f"0 * {TOWER} + {size['as_expr']['expr_str']}"
-                    return json.dumps(program).encode()
-        raise AssertionError("the program has no symbolic size to plant in")
-
-    tower = crafted.rewrite(src, root / "tower.pt2", edit)
+    tower = crafted.first_size_expression(
+        src, root / "tower.pt2", lambda expr: f"0 * {TOWER} + {expr}"
+    )
     return [variant(tower, root / f"tower{i}.pt2", f"t{i}") for i in range(count)]
 
 

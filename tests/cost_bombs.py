@@ -7,13 +7,12 @@ must refuse each before running it: `tests/tuner/loading/test_bounds.py`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from tests.crafted import dynamic_program, rewrite
+from tests.crafted import dynamic_program, first_size_expression
 from tuner.graph.capture import export_module, save_program
 
 POWER_TOWER = "((((99999999999999999999) ** 64) ** 64) ** 64) ** 64"
@@ -67,19 +66,7 @@ def sort_chain_program(dst: Path) -> Path:
 def power_tower_program(dst: Path) -> Path:
     """A program whose first symbolic size is issue 47's 52-character expression."""
     src = dynamic_program(dst.with_name(dst.stem + "_src.pt2"))
-
-    def edit(name: str, data: bytes) -> bytes:
-        if not name.endswith("models/model.json"):
-            return data
-        program = json.loads(data)
-        for meta in program["graph_module"]["graph"]["tensor_values"].values():
-            for size in meta["sizes"]:
-                if "as_expr" in size:
-                    size["as_expr"]["expr_str"] = POWER_TOWER
-                    return json.dumps(program).encode()
-        raise AssertionError("the program has no symbolic size to plant in")
-
-    return rewrite(src, dst, edit)
+    return first_size_expression(src, dst, lambda _expr: POWER_TOWER)
 
 
 def cost_bombs(root: Path) -> dict[str, Path]:

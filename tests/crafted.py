@@ -202,20 +202,25 @@ def dynamic_program(path: Path) -> Path:
     return save_program(program, path)
 
 
-def expression_exec(src: Path, dst: Path, marker: Path) -> Path:
-    """Route 1: an `expr_str` that runs code in sympify's eval and still evaluates to the size."""
+def first_size_expression(src: Path, dst: Path, plant: Callable[[str], str]) -> Path:
+    """`src` with its first symbolic size's expression `e` replaced by `plant(e)`."""
 
     def change(program: dict) -> None:
-        values = program["graph_module"]["graph"]["tensor_values"]
-        for meta in values.values():
+        for meta in program["graph_module"]["graph"]["tensor_values"].values():
             for size in meta["sizes"]:
                 if "as_expr" in size:
-                    expr = size["as_expr"]["expr_str"]
-                    size["as_expr"]["expr_str"] = f"(exec({_payload(marker)!r}) or 0)*0 + {expr}"
+                    size["as_expr"]["expr_str"] = plant(size["as_expr"]["expr_str"])
                     return
         raise AssertionError("the program has no symbolic size to plant in")
 
     return _edit_program(src, dst, change)
+
+
+def expression_exec(src: Path, dst: Path, marker: Path) -> Path:
+    """Route 1: an `expr_str` that runs code in sympify's eval and still evaluates to the size."""
+    return first_size_expression(
+        src, dst, lambda expr: f"(exec({_payload(marker)!r}) or 0)*0 + {expr}"
+    )
 
 
 def guard_exec(src: Path, dst: Path, marker: Path) -> Path:
