@@ -19,8 +19,9 @@ Here instead:
 - the raw samples are kept, so a decision can be re-examined later;
 - where a variant runs on a thread pool of its own (OpenVINO, ONNX Runtime), whose threads keep
   spinning after a call and slow whatever runs next, each sample is a block of consecutive
-  calls after an untimed lead-in call (`Blocks`): timed as single calls, AOTInductor on
-  bert_mini read 0.66x eager beside the runtimes, and blocks agree with separate processes.
+  calls after a pause and an untimed lead-in call (`Blocks`): timed as single calls,
+  AOTInductor on bert_mini read 0.66x eager beside the runtimes; without the pause, ONNX
+  Runtime against a second session of itself read 0.97x [0.85, 1.19].
 
 One round loop (`run_rounds`) does this wherever it runs. What differs between one process and
 ranks in lockstep is a `Sampler`: how one sample is taken, which figure of a round every
@@ -253,18 +254,22 @@ class LocalSampler:
 
 @dataclass(frozen=True)
 class Blocks:
-    """How one sample is taken: `lead_in` untimed calls of the variant first (they absorb what
-    the variant before left spinning), then at least `min_calls` timed calls in a row, as far
-    as a round's share of the budget allows. `SINGLE` (the default) is neither."""
+    """How one sample is taken: a pause of `settle_s` first (a pool the variant before left
+    spinning goes to sleep), `lead_in` untimed calls of the variant (caches, its own pool
+    woken), then at least `min_calls` timed calls in a row, as far as a round's share of the
+    budget allows. `SINGLE` (the default) is none of these."""
 
     lead_in: int = 0
     min_calls: int = 1
+    settle_s: float = 0.0
 
 
 SINGLE = Blocks()
 # For comparisons where a side keeps its own thread pool (`tuner.backends.registry.
-# OWN_THREAD_POOL`): a lead-in call and blocks of ten, as the issue 48 measurements did.
-POOLED = Blocks(lead_in=1, min_calls=10)
+# OWN_THREAD_POOL`): a pause, a lead-in call and blocks of ten. ONNX Runtime's workers spin
+# for 30-80 ms after a run (measured on 2 cores: eager's next 10 calls took 2.1x as long right
+# after, 1.0x after 0.1 s), longer than a lead-in call of a millisecond model lasts.
+POOLED = Blocks(lead_in=1, min_calls=10, settle_s=0.1)
 
 
 @dataclass(frozen=True)
@@ -368,15 +373,29 @@ def _calibrate(
     The fastest variant sets `inner` so that its samples last min_sample_s (and at least
     `blocks.min_calls`); the cap keeps a much slower one from making one round eat the budget.
     """
-    per_call = [_per_call_s(sampler, fn, min_sample_s) for fn in variants]
+    per_call = []
+    for fn in variants:
+        _settle(blocks)
+        per_call.append(_per_call_s(sampler, fn, min_sample_s))
+    pauses = blocks.settle_s * len(variants)
     ideal = max(math.ceil(min_sample_s / max(min(per_call), 1e-9)), blocks.min_calls)
     cap = math.floor(round_cap_s / max(sum(per_call), 1e-9)) - blocks.lead_in
     inner = max(1, min(ideal, cap))
-    return inner, (inner + blocks.lead_in) * sum(per_call)
+    return inner, (inner + blocks.lead_in) * sum(per_call) + pauses
+
+
+def _settle(blocks: Blocks) -> None:
+    if blocks.settle_s > 0:
+        time.sleep(blocks.settle_s)
 
 
 def _fit_rounds(
-    inner: int, round_s: float, left_s: float, rounds_left: int, lead_in: int = 0
+    inner: int,
+    round_s: float,
+    left_s: float,
+    rounds_left: int,
+    lead_in: int = 0,
+    pauses_s: float = 0.0,
 ) -> tuple[int, float]:
     """Fewer calls per sample when rounds run longer than calibrated (a machine that got busy).
 
@@ -387,9 +406,9 @@ def _fit_rounds(
     allowed = left_s / max(rounds_left, 1)
     if round_s <= allowed or inner == 1:
         return inner, round_s
-    per_call = round_s / (inner + lead_in)
-    smaller = max(1, math.floor(allowed / per_call) - lead_in)
-    return smaller, per_call * (smaller + lead_in)
+    per_call = max(round_s - pauses_s, 1e-9) / (inner + lead_in)
+    smaller = max(1, math.floor(max(allowed - pauses_s, 0.0) / per_call) - lead_in)
+    return smaller, per_call * (smaller + lead_in) + pauses_s
 
 
 def _warm_up(
@@ -435,6 +454,7 @@ def run_rounds(
         started = time.perf_counter()
         times = [0.0] * len(variants)
         for v in order.sample(range(len(variants)), len(variants)):
+            _settle(r.blocks)
             if lead_in:
                 sampler.line_up()
                 sampler.sample(variants[v], lead_in)  # untimed: what the last variant left
@@ -453,7 +473,8 @@ def run_rounds(
                     break
         else:
             left = sampler.time_left(deadline)
-            inner, round_s = _fit_rounds(inner, round_s, left, r.min_rounds - done, lead_in)
+            pauses = r.blocks.settle_s * len(variants)
+            inner, round_s = _fit_rounds(inner, round_s, left, r.min_rounds - done, lead_in, pauses)
     return Rounds(agreed, own, inner, stopped)
 
 
