@@ -57,7 +57,11 @@ def job(argv: list[str]) -> dict[str, Any]:
         report = {"backend": backend, "compile_s": time.monotonic() - started}
     else:
         package = Path(argv[1])
-        package = backends.package_aoti(program, package, instrumented="--instrumented" in argv)
+        settings = argv[argv.index("--settings") + 1] if "--settings" in argv else None
+        instrumented = "--instrumented" in argv
+        package = backends.package_aoti(
+            program, package, instrumented=instrumented, settings=settings
+        )
         compile_s = time.monotonic() - started
         with torch.inference_mode():
             backends.load_aoti(package)(*inputs)

@@ -307,11 +307,14 @@ def compile_aoti_in_child(
     *,
     timeout_s: float,
     instrumented: bool = False,
+    settings: str | None = None,
     children: Children | None = None,
 ) -> ChildCompile:
     """Compile PROGRAM.pt2 to an AOTInductor package in a child killed after `timeout_s`
-    (one of `children`, else one started for it)."""
+    (one of `children`, else one started for it), with inductor's `settings` (a name of
+    `tuner.backends.inductor_settings`; None: its defaults)."""
     args = [str(program_path), str(package_path)] + (["--instrumented"] if instrumented else [])
+    args += ["--settings", settings] if settings else []
     seconds, report = _run_child(children, args, timeout_s, "the package", "AOTInductor compile")
     package = Path(report["package"])
     return ChildCompile(package, seconds, float(report["compile_s"]), report.get("threads"))

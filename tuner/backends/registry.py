@@ -4,6 +4,7 @@ installed (`tuner.backends.runtimes`)."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,8 +56,10 @@ def _inductor(
     workdir: Path,
     timeout_s: float | None,
     children: Children | None = None,
+    settings: str | None = None,
 ) -> Built:
-    """Inductor ahead of time: what is measured is the very package a deployment loads.
+    """Inductor ahead of time: what is measured is the very package a deployment loads, built
+    with inductor's `settings` where named (`tuner.backends.inductor_settings`).
 
     (torch.compile would add guard checks per call, which on a model with dozens of inputs
     cost more than the kernels save; that is the separate "compile" backend, timed as such.)
@@ -66,7 +69,7 @@ def _inductor(
     program = to_program(gm, tuple(inputs))  # with the original's dynamic dims, if any
     stem = workdir / uuid.uuid4().hex
     if timeout_s is None:
-        path = package_aoti(program, stem.with_suffix(".aoti.pt2"))
+        path = package_aoti(program, stem.with_suffix(".aoti.pt2"), settings=settings)
         return Built(load_aoti(path), path)
     from tuner.backends.isolation import compile_aoti_in_child
 
@@ -75,6 +78,7 @@ def _inductor(
         stem.with_suffix(".pt2"),
         stem.with_suffix(".aoti.pt2"),
         timeout_s=timeout_s,
+        settings=settings,
         children=children,
     )
     overhead = max(done.seconds - done.compile_s, 0.0)
@@ -230,8 +234,15 @@ def _graphed(module: nn.Module) -> nn.Module:
     return GraphedModule(module)
 
 
-def deployed(backend: str, module: nn.Module) -> nn.Module:
-    """`module` wrapped as the backend runs it; eager (and unknown names) leave it as it is."""
+def deployed(
+    backend: str, module: nn.Module, settings: str | None = None, device_kind: str = "cpu"
+) -> nn.Module:
+    """`module` wrapped as the backend runs it; eager (and unknown names) leave it as it is.
+    Inductor's `settings` (a name) go to torch.compile as its options."""
+    if backend == "inductor" and settings:
+        from tuner.backends.inductor_settings import values_of
+
+        return torch.compile(module, options=values_of(settings, device_kind))
     wrap = DEPLOYED.get(backend)
     return wrap(module) if wrap is not None else module
 
@@ -263,17 +274,22 @@ def build(
     timeout_s: float | None = None,
     probe: bool = False,
     children: Children | None = None,
+    settings: str | None = None,
 ) -> Built:
     """A runner for `gm`; with `timeout_s`, an ahead-of-time compile runs in a child process
     and raises `tuner.backends.isolation.CompileOverrun` when it does not finish in that
     time, and with `probe` too, a backend of `PROBED` is first built and run once in a child
     (raising `CompileCrashed` if the child dies), its times recorded in the result.
     `children`: where those children come from (`tuner.backends.isolation.Children`: started
-    ahead), else one is started for each."""
+    ahead), else one is started for each. `settings`: inductor's, by name (inductor only)."""
     try:
         make = BACKENDS[backend]
     except KeyError:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}") from None
+    if settings is not None:
+        if backend != "inductor":
+            raise ValueError(f"inductor settings {settings!r} given for backend {backend!r}")
+        make = functools.partial(_inductor, settings=settings)
     workdir.mkdir(parents=True, exist_ok=True)
     if not (probe and backend in PROBED and timeout_s is not None):
         return make(gm, inputs, workdir, timeout_s, children)
@@ -288,21 +304,38 @@ def build(
     return built
 
 
-def package_aoti(program: ExportedProgram, path: Path, *, instrumented: bool = False) -> Path:
+def package_aoti(
+    program: ExportedProgram,
+    path: Path,
+    *,
+    instrumented: bool = False,
+    settings: str | None = None,
+) -> Path:
     """Compile ahead of time so a deployment gets inductor's speed without compiling.
 
     Plain by default: that is what ships and what is timed. Profiler ranges around every
     kernel cost about 5 % on small models (vit_tiny, bert_mini on 2 cores), so an
-    `instrumented` twin is built only to be profiled, never shipped or timed.
+    `instrumented` twin is built only to be profiled, never shipped or timed. `settings`:
+    inductor's, by name (`tuner.backends.inductor_settings`), for this compile only.
     """
     from contextlib import nullcontext
 
+    from tuner.backends.inductor_settings import values_of
+    from tuner.graph.capture import example_inputs
     from tuner.host.torch_compat import inductor
     from tuner.profiling.counting import inductor_kernel_ranges
 
+    configs: dict[str, Any] = {}
+    if settings:
+        kinds = (x.device.type for x in example_inputs(program) if isinstance(x, torch.Tensor))
+        configs = values_of(settings, next(kinds, "cpu"))
     path.parent.mkdir(parents=True, exist_ok=True)
     with inductor_kernel_ranges() if instrumented else nullcontext():
-        return Path(inductor.aoti_compile_and_package(program, package_path=str(path)))
+        return Path(
+            inductor.aoti_compile_and_package(
+                program, package_path=str(path), inductor_configs=configs
+            )
+        )
 
 
 # AOTInductor packages check their inputs (sizes against the static sizes and dynamic ranges

@@ -19,8 +19,14 @@ from pydantic import BaseModel, Field
 # 5 added (defaulted: older configs read as before) `runtime` (the OpenVINO or ONNX Runtime
 # artifact a runtime backend ships), `fallback` (what runs where that runtime is not installed)
 # and `measured_under` (which backend each decision was measured under).
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# 6 added `settings` (defaulted to none: inductor's defaults) on figures and the fallback: the
+# named inductor settings an inductor candidate was built with (`InductorSettings`).
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+
+# Inductor's settings, by name only (`tuner.backends.inductor_settings` holds their values), so
+# a config never carries values for inductor's config.
+InductorSettings = Literal["max-autotune", "freezing", "concat-linear"]
 
 # A 95% interval of a speedup; a bound is None where too few rounds fitted to close it.
 Interval = tuple[float | None, float | None]
@@ -116,6 +122,8 @@ class Figures(Measured):
     # Seconds its runner took to build in this run (a compile, a runtime's conversion and
     # load; None where nothing was built). Added in schema 5 (defaulted).
     build_s: float | None = None
+    # Inductor's settings it was built with (backend "inductor" only; None: the defaults).
+    settings: InductorSettings | None = None
 
 
 class Verification(BaseModel):
@@ -182,6 +190,7 @@ class Fallback(BaseModel):
     backend: str
     passes: list[PassStep]
     speedup: float | None = None  # over the original, as measured in the run
+    settings: InductorSettings | None = None
 
 
 class PassesUnder(BaseModel):

@@ -354,13 +354,17 @@ def _check_replayed(passes: list[PassStep], tuned: Transformed) -> None:
 
 
 def _compiled(
-    module: nn.Module, backend: str, inputs: tuple[Any, ...], device: Device
+    module: nn.Module,
+    backend: str,
+    inputs: tuple[Any, ...],
+    device: Device,
+    settings: str | None = None,
 ) -> nn.Module:
     """The module as its backend runs it (`tuner.backends.registry.deployed`: torch.compile, CUDA
     graphs). Both are lazy: built now, on sample inputs (of the size bucket, where there are
     buckets), so a failure shows here (where it can fall back) and not at the deployment's
     first request."""
-    wrapped = deployed(backend, module)
+    wrapped = deployed(backend, module, settings, device.kind)
     inputs = tuple(x.to(device.torch_device) if isinstance(x, torch.Tensor) else x for x in inputs)
     with torch.no_grad():
         wrapped(*inputs)
@@ -423,9 +427,9 @@ def _tuned(
         if compile and is_runtime(config.backend):
             module = _runtime_or_fallback(program, config, tuned, device, notes, mode, **fetch)
         elif compile:
-            module = _maybe_compiled(
-                module, config.backend, _example_inputs(program), device, notes
-            )
+            settings = config.whole_model.settings
+            inputs = _example_inputs(program)
+            module = _maybe_compiled(module, config.backend, inputs, device, notes, settings)
     return CheckedInputs(module, spec, program.module), notes
 
 
@@ -468,12 +472,19 @@ def _replayed(
 
 
 def _maybe_compiled(
-    module: nn.Module, backend: str, inputs: tuple[Any, ...], device: Device, notes: list[str]
+    module: nn.Module,
+    backend: str,
+    inputs: tuple[Any, ...],
+    device: Device,
+    notes: list[str],
+    settings: str | None = None,
 ) -> nn.Module:
+    """`module` under `backend` (with inductor's `settings`, by name), or as it is with a note
+    where that fails."""
     if backend not in DEPLOYED:
         return module
     try:
-        return _compiled(module, backend, inputs, device)
+        return _compiled(module, backend, inputs, device, settings)
     except Exception as exc:
         notes.append(
             f"{backend} failed ({type(exc).__name__}: {exc}); running the tuned passes without it"
@@ -520,7 +531,8 @@ def _runtime_or_fallback(
         notes.append(f"the config chose {config.backend}, but {exc}: running its fallback, {name}")
     fallback = replay_steps(program, passes)
     _, module = _replayed(program, passes, fallback, device)
-    return _maybe_compiled(module, backend, _example_inputs(program), device, notes)
+    settings = config.fallback.settings if config.fallback is not None else None
+    return _maybe_compiled(module, backend, _example_inputs(program), device, notes, settings)
 
 
 def _dispatching(

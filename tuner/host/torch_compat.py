@@ -140,8 +140,9 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     PrivateApi(
         "torch._inductor.config",
         ("cpp",),
-        ("profiling/counting.py", "profiling/profile.py"),
-        "kernel ranges in compiled code (cpp.enable_kernel_profile)",
+        ("profiling/counting.py", "profiling/profile.py", "backends/inductor_settings.py"),
+        "kernel ranges in compiled code (cpp.enable_kernel_profile); which settings this "
+        "inductor has (a missing one is not offered)",
     ),
     PrivateApi(
         "torch._ops",

@@ -254,14 +254,29 @@ class LocalSampler:
 
 @dataclass(frozen=True)
 class Blocks:
-    """How one sample is taken: a pause of `settle_s` first (a pool the variant before left
-    spinning goes to sleep), `lead_in` untimed calls of the variant (caches, its own pool
-    woken), then at least `min_calls` timed calls in a row, as far as a round's share of the
-    budget allows. `SINGLE` (the default) is none of these."""
+    """How one sample is taken: a pause of `settle_s` first where the variant before keeps a
+    spinning pool (`spins`, per variant; None: any may), so that pool goes to sleep, then
+    `lead_in` untimed calls of the variant (caches, its own pool woken), then at least
+    `min_calls` timed calls in a row, as far as a round's share of the budget allows. `SINGLE`
+    (the default) is none of these."""
 
     lead_in: int = 0
     min_calls: int = 1
     settle_s: float = 0.0
+    spins: tuple[bool, ...] | None = None
+
+    def pause_after(self, variant: int | None, before: int) -> float:
+        """Seconds to wait between a block of `variant` (None: nothing ran yet) and one of
+        `before`."""
+        if variant is None or variant == before or self.settle_s <= 0:
+            return 0.0
+        spinning = self.spins is None or self.spins[variant]
+        return self.settle_s if spinning else 0.0
+
+    def pauses_per_round(self, variants: int) -> float:
+        """Seconds of pauses one round is planned with: one per spinning variant."""
+        spinning = variants if self.spins is None else sum(self.spins)
+        return self.settle_s * spinning
 
 
 SINGLE = Blocks()
@@ -374,19 +389,14 @@ def _calibrate(
     `blocks.min_calls`); the cap keeps a much slower one from making one round eat the budget.
     """
     per_call = []
-    for fn in variants:
-        _settle(blocks)
+    for v, fn in enumerate(variants):
+        time.sleep(blocks.pause_after((v or len(variants)) - 1, v))  # warm-up's last first
         per_call.append(_per_call_s(sampler, fn, min_sample_s))
-    pauses = blocks.settle_s * len(variants)
+    pauses = blocks.pauses_per_round(len(variants))
     ideal = max(math.ceil(min_sample_s / max(min(per_call), 1e-9)), blocks.min_calls)
     cap = math.floor(round_cap_s / max(sum(per_call), 1e-9)) - blocks.lead_in
     inner = max(1, min(ideal, cap))
     return inner, (inner + blocks.lead_in) * sum(per_call) + pauses
-
-
-def _settle(blocks: Blocks) -> None:
-    if blocks.settle_s > 0:
-        time.sleep(blocks.settle_s)
 
 
 def _fit_rounds(
@@ -447,6 +457,7 @@ def run_rounds(
     round_cap = r.budget_s / (2 * max(r.min_rounds, 1))
     lead_in = r.blocks.lead_in
     inner, round_s = _calibrate(sampler, variants, r.min_sample_s, round_cap, r.blocks)
+    last: int | None = len(variants) - 1  # calibration ran the variants in order
     while len(agreed[0]) < r.max_rounds:
         if sampler.time_left(deadline) < round_s:
             stopped = "budget"
@@ -454,7 +465,8 @@ def run_rounds(
         started = time.perf_counter()
         times = [0.0] * len(variants)
         for v in order.sample(range(len(variants)), len(variants)):
-            _settle(r.blocks)
+            time.sleep(r.blocks.pause_after(last, v))
+            last = v
             if lead_in:
                 sampler.line_up()
                 sampler.sample(variants[v], lead_in)  # untimed: what the last variant left
@@ -473,7 +485,7 @@ def run_rounds(
                     break
         else:
             left = sampler.time_left(deadline)
-            pauses = r.blocks.settle_s * len(variants)
+            pauses = r.blocks.pauses_per_round(len(variants))
             inner, round_s = _fit_rounds(inner, round_s, left, r.min_rounds - done, lead_in, pauses)
     return Rounds(agreed, own, inner, stopped)
 

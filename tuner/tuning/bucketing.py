@@ -115,6 +115,8 @@ def bucketed(
     head = by_name.get(chosen)
     if any(is_runtime(c.backend) for c in winners) or (head and is_runtime(head[0].backend)):
         return Bucketed(note="not bucketed: a runtime's winner serves every size from one artifact")
+    if any(c.settings for c in winners) or (head and head[0].settings):
+        return Bucketed(note="not bucketed: a winner with inductor settings serves every size")
     outcomes: list[BucketOutcome] = []
     checks: list[Verification] = []
     for plan in plans:

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import fx
 
-from tuner.contract.config import PassStep, SiteDecision, Verdict
+from tuner.contract.config import InductorSettings, PassStep, SiteDecision, Verdict
 from tuner.deploy.replay import steps_of
 from tuner.graph.capture import Inputs
 from tuner.graph.copying import deep_copy
@@ -37,11 +37,19 @@ class Candidate:
     transformed: Transformed
     runner: Callable[..., Any] | None = None  # set once built
     package: Path | None = None  # the AOTInductor package, once built under "inductor"
+    settings: InductorSettings | None = None  # inductor's, by name (`inductor_settings`)
 
 
 def identity(cand: Candidate) -> tuple[str, tuple[tuple[str, tuple[str, ...]], ...]]:
-    """A candidate's backend and passes: two candidates with the same build the same runner."""
-    return cand.backend, tuple((s.pass_name, tuple(s.sites)) for s in cand.passes)
+    """A candidate's backend (with its inductor settings) and passes: two candidates with the
+    same build the same runner."""
+    backend = f"{cand.backend}@{cand.settings}" if cand.settings else cand.backend
+    return backend, tuple((s.pass_name, tuple(s.sites)) for s in cand.passes)
+
+
+def compile_key(cand: Candidate) -> str:
+    """What the machine's compile times are kept under: the backend, with its settings."""
+    return identity(cand)[0]
 
 
 def steps_from_sites(sites: list[Site]) -> list[PassStep]:

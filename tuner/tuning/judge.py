@@ -11,6 +11,7 @@ candidates that tie against the original, `runoff` times them against each other
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,11 +21,12 @@ from torch import fx
 from tuner.backends.isolation import CompileCrashed, CompileOverrun
 from tuner.backends.registry import OWN_THREAD_POOL
 from tuner.backends.runtime_build import NotForRuntime
+from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import Figures, Verdict
 from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
 from tuner.host import failures
-from tuner.measure.timing import POOLED, SINGLE, Blocks, compare
+from tuner.measure.timing import POOLED, SINGLE, Blocks, compare, quick_per_call_s
 from tuner.measure.verdicts import Comparison, timing_fields, verdict
 from tuner.search.across_sizes import combined_verdict, size_figures
 from tuner.search.buckets import ORIGINAL
@@ -35,11 +37,19 @@ from tuner.tuning.choose import Runoff, contest, margin
 from tuner.tuning.run import Captured, TuningRun
 from tuner.tuning.step_kind import StepKind
 
+# A candidate whose best of a few calls is this many times the original's time is recorded as
+# slower without an interleaved comparison: ONNX Runtime on embedding bags ran at 0.03-0.04x
+# eager, and timing it properly at three sizes took the budget the AOTInductor peer needed
+# (the zoo's dynamic recommendation model at 60 s shipped 0.55x AOTInductor).
+CLEARLY_SLOWER = 3.0
 
-def blocks_for(*candidates: Candidate) -> Blocks:
+
+def blocks_for(baseline: Candidate | None, candidate: Candidate) -> Blocks:
     """Blocks of calls where a side runs on a thread pool of its own (a runtime): its threads
-    spin on after a call and would slow the other side's next one."""
-    return POOLED if any(c.backend in OWN_THREAD_POOL for c in candidates) else SINGLE
+    spin on after a call and would slow the other side's next one, so the other side's blocks
+    wait for them. `baseline` None: the original, in eager."""
+    spins = tuple(c is not None and c.backend in OWN_THREAD_POOL for c in (baseline, candidate))
+    return dataclasses.replace(POOLED, spins=spins) if any(spins) else SINGLE
 
 
 class Judge:
@@ -68,7 +78,7 @@ class Judge:
 
     def one(self, captured: Captured, cand: Candidate) -> Figures:
         """The candidate's figures at every size, or why it was not measured."""
-        fig = dict(name=cand.name, backend=cand.backend, passes=cand.passes)
+        fig = dict(name=cand.name, backend=cand.backend, passes=cand.passes, settings=cand.settings)
         left = self.run.remaining()
         if left < 1.0:
             return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=OUT_OF_BUDGET)
@@ -114,7 +124,8 @@ class Judge:
                 per_size.append(size_figures(point.label, point.sizes, fields))
                 continue
             at = captured.inputs if i == 0 else point.inputs
-            fields, c = self.at(captured.gm, at, cand, runner, timing_s)
+            base_s = self.run.model_time_s if i == 0 else self.run.size_time_s.get(point.label)
+            fields, c = self.at(captured.gm, at, cand, runner, timing_s, base_s)
             if c is not None:
                 suffix = f"@{point.label}" if i else ""
                 self.run.samples[f"model:{cand.name}{suffix}"] = {
@@ -122,8 +133,10 @@ class Judge:
                     "candidate_s": c.candidate_s,
                 }
             per_size.append(size_figures(point.label, point.sizes, fields))
-            if fields["verdict"] in WRONG:
-                break
+            if fields["verdict"] in WRONG or (
+                fields["verdict"] == Verdict.SLOWER and _one_for_every_size(cand)
+            ):
+                break  # it cannot ship: the other sizes are not worth their time
         head = per_size[0].model_dump(exclude={"label", "sizes"})
         if len(points) <= 1:
             return Figures(**fig, **head)
@@ -138,9 +151,11 @@ class Judge:
         cand: Candidate,
         runner: Callable[..., Any],
         timing_s: float | None = None,
+        base_s: float | None = None,
     ) -> tuple[dict[str, Any], Comparison | None]:
         """Check and time a built candidate at one size: (figure fields, comparison or None);
-        the comparison gets `timing_s` (default: the whole-model budget)."""
+        the comparison gets `timing_s` (default: the whole-model budget). With `base_s` (the
+        original's best call time there), a candidate `CLEARLY_SLOWER` is not compared."""
         pack = cand.transformed.pack
         try:
             with self.run.clocked("checking outputs"):
@@ -152,6 +167,11 @@ class Judge:
             return {"verdict": Verdict.WRONG_OUTPUTS, "reason": wrong}, None
         baseline, candidate = self.kind.baseline(gm0), self.kind.timed_call(runner)
         packed = pack(inputs)
+        if base_s:
+            with self.run.clocked("timing"):
+                cand_s = quick_per_call_s(lambda: candidate(*packed), repeats=2)
+            if cand_s > CLEARLY_SLOWER * base_s:
+                return _clearly_slower(base_s, cand_s), None
         with self.run.clocked("timing"):
             c = compare(
                 lambda: baseline(*inputs),
@@ -161,7 +181,7 @@ class Judge:
                 if timing_s
                 else self.run.timing_budget(),
                 clock=self.run.clock,
-                blocks=blocks_for(cand),
+                blocks=blocks_for(None, cand),
             )
         self.run.timed += 1
         if c.rounds == 0:
@@ -196,7 +216,7 @@ class Judge:
             device=self.run.device,
             budget_s=budget_s,
             clock=self.run.clock,
-            blocks=blocks_for(challenger, holder),
+            blocks=blocks_for(holder, challenger),
         )
         self.run.timed += 1
         self.run.samples[f"runoff:{challenger.name} vs {holder.name}"] = {
@@ -210,3 +230,23 @@ class Judge:
         if cand.name == ORIGINAL:
             return self.kind.baseline(captured.gm)
         return None if cand.runner is None else self.kind.timed_call(cand.runner)
+
+
+def _one_for_every_size(cand: Candidate) -> bool:
+    """Whether the candidate would serve every size (a runtime's artifact, a package built
+    with inductor's settings: neither goes into size buckets), so that slower at one size it
+    cannot ship."""
+    return is_runtime(cand.backend) or cand.settings is not None
+
+
+def _clearly_slower(base_s: float, cand_s: float) -> dict[str, Any]:
+    return {
+        "verdict": Verdict.SLOWER,
+        "baseline_s": base_s,
+        "candidate_s": cand_s,
+        "speedup": base_s / cand_s,
+        "reason": (
+            f"{cand_s / base_s:.1f}x the original's time at its best of 2 calls "
+            f"(more than {CLEARLY_SLOWER:g}x): not compared further"
+        ),
+    }

@@ -108,7 +108,13 @@ def fallback_of(figures: list[Figures]) -> Fallback:
     if not usable:
         return Fallback(name=ORIGINAL, backend="eager", passes=[], speedup=1.0)
     best = max(usable, key=lambda f: f.speedup or 0.0)
-    return Fallback(name=best.name, backend=best.backend, passes=best.passes, speedup=best.speedup)
+    return Fallback(
+        name=best.name,
+        backend=best.backend,
+        passes=best.passes,
+        speedup=best.speedup,
+        settings=best.settings,
+    )
 
 
 def runtime_artifact(backend: str) -> RuntimeArtifact | None:

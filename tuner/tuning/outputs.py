@@ -95,7 +95,8 @@ def _package(
     if outcome.package is not None:
         shutil.copyfile(outcome.package, aoti)
     else:
-        backends.package_aoti(torch.export.load(out), aoti)
+        settings = outcome.config.whole_model.settings
+        backends.package_aoti(torch.export.load(out), aoti, settings=settings)
     original = outcome.original.module().to(device.torch_device)
     originals = tuple(to_device(x, device) for x in example_inputs(outcome.original))
     # The package is checked at every size tuned at, not only the example's.
@@ -332,6 +333,7 @@ def _profiled_runner(
                 Path(tmp) / "twin.aoti.pt2",
                 timeout_s=left if left is not None else 3600.0,
                 instrumented=True,
+                settings=outcome.config.whole_model.settings,
             ).package
         except FxtuneError as exc:
             notes.append(f"tuned profile: the package without kernel ranges ({exc})")

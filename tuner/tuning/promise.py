@@ -8,12 +8,15 @@ AOTInductor with every pass, 4x over eager, went unmeasured at a 120 s budget be
 variants running at 0.06x); a candidate whose prediction, even `SLACK` times better, stays
 below the best speed measured is not timed at all, and the report says why. A backend or pass
 set not measured leaves no prediction: such candidates are timed after the predicted ones.
+Inductor's own settings come last, on the fastest inductor candidate, where they can still win
+(`with_settings`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tuner.backends.inductor_settings import BEST_GAIN, available, label
 from tuner.contract.config import Figures, Verdict
 from tuner.tuning.candidates import WRONG, Candidate, identity
 
@@ -75,10 +78,46 @@ def _not_timed(cand: Candidate, guess: float, best: float, speeds: dict[Key, flo
         f"eager at {speeds[('eager', passes)]:.2f}x, so it is expected near {guess:.2f}x; "
         f"even {SLACK:g}x that stays below the {best:.2f}x already measured"
     )
+    return _figures_not_timed(cand, reason)
+
+
+def with_settings(
+    cands: Sequence[Candidate], figures: Sequence[Figures], device_kind: str
+) -> tuple[list[Candidate], list[tuple[Candidate, Figures]]]:
+    """Inductor's settings (`tuner.backends.inductor_settings`) on the fastest inductor
+    candidate measured: (those to time, in the settings' order; those that cannot win, each
+    with why). They have run at most `BEST_GAIN` times faster than the default build, so
+    where that stays below the best speed measured none is built."""
+    measured_inductor = [
+        (cand, speed)
+        for cand, fig in zip(cands, figures, strict=True)
+        if cand.backend == "inductor" and not cand.settings and (speed := _speed(fig))
+    ]
+    names = available(device_kind)
+    if not measured_inductor or not names:
+        return [], []
+    base, speed = max(measured_inductor, key=lambda x: x[1])
+    made = [
+        Candidate(base.name + label(n), "inductor", base.passes, base.transformed, settings=n)  # type: ignore[arg-type]
+        for n in names
+    ]
+    best = max([1.0, *(s for f in figures if (s := _speed(f)))])
+    if speed * BEST_GAIN >= best:
+        return made, []
+    reason = (
+        f"not timed: {base.name} ran at {speed:.2f}x and inductor's settings have run at most "
+        f"{BEST_GAIN:g}x faster than its default build, which stays below the {best:.2f}x "
+        "already measured"
+    )
+    return [], [(c, _figures_not_timed(c, reason)) for c in made]
+
+
+def _figures_not_timed(cand: Candidate, reason: str) -> Figures:
     return Figures(
         name=cand.name,
         backend=cand.backend,
         passes=cand.passes,
+        settings=cand.settings,
         verdict=Verdict.NOT_MEASURED,
         reason=reason,
     )

@@ -49,7 +49,7 @@ from tuner.tuning.bucketing import (
     bucketed,
 )
 from tuner.tuning.budget import Budget, model_time_s
-from tuner.tuning.candidates import Candidate, identity, size_candidates
+from tuner.tuning.candidates import Candidate, compile_key, identity, size_candidates
 from tuner.tuning.choose import choose
 from tuner.tuning.judge import Judge
 from tuner.tuning.modes import step_kind_for
@@ -182,7 +182,8 @@ class Tuner:
         Where no peer is expected to fit, every pass goes first, in eager (no compile) and
         with the quickest compile that fits, and the report says so; where a peer needs no
         compile (a CUDA graph), every pass under it goes with the peers. Then the
-        site search, and the candidates it makes, in the order they are judged."""
+        site search, and the candidates it makes, in the order they are judged; last,
+        inductor's settings on the fastest inductor candidate, where they can still win."""
         kind, gm0, inputs = self.kind, captured.gm, captured.inputs
         peers = [c for c in kind.candidates(gm0, inputs, [], []) if not c.passes]
         peers = [c for c in peers if c.backend != "eager"]
@@ -216,8 +217,12 @@ class Tuner:
         figures += self.judge.all(captured, timed, say, (0.65, 0.8))
         figures += [fig for _, fig in hopeless]
         rest = eager + timed + [c for c, _ in hopeless]
-        figures += self.judge.all(captured, last, say, (0.8, 0.85))
-        return search, early + rest + last, figures
+        figures += self.judge.all(captured, last, say, (0.8, 0.83))
+        judged = early + rest + last
+        tried, hopeless = promise.with_settings(judged, figures, self.run.device.kind)
+        figures += self.judge.all(captured, tried, say, (0.83, 0.85))
+        figures += [fig for _, fig in hopeless]
+        return search, judged + tried + [c for c, _ in hopeless], figures
 
     def _search(self, captured: Captured, say: Progress, deadline: float) -> SearchResult:
         run = self.run
@@ -276,7 +281,8 @@ class Tuner:
         inductor = config.backend == "inductor"
         ships_file = inductor or is_runtime(config.backend)  # a package, a runtime's artifact
         nodes = len(verified.replay.gm.graph.nodes)
-        twin = run.compile_times.estimate(run.hardware_key, "inductor", nodes)
+        key = compile_key(verified.candidate)
+        twin = run.compile_times.estimate(run.hardware_key, key, nodes)
         return TuneOutcome(
             config,
             program,

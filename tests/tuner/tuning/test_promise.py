@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.backends.inductor_settings import BEST_GAIN
 from tuner.contract.config import Figures, PassStep, Verdict
-from tuner.tuning.candidates import Candidate
-from tuner.tuning.promise import SLACK, by_promise, measured
+from tuner.tuning.candidates import Candidate, identity
+from tuner.tuning.promise import SLACK, by_promise, measured, with_settings
 
 EVERY = [PassStep(pass_name="fuse_horizontal_embedding_bag", sites=["a", "b"])]
 TUNED = [PassStep(pass_name="remove_dropout", sites=["c"])]
@@ -69,3 +70,31 @@ def test_wrong_or_unmeasured_figures_predict_nothing() -> None:
     assert got == {("eager", (("fuse_horizontal_embedding_bag", ("a", "b")),)): 2.0}
     timed, hopeless = by_promise([cand("inductor", EVERY)], got)
     assert len(timed) == 1 and not hopeless
+
+
+def test_inductors_settings_go_on_its_fastest_candidate_where_they_can_win() -> None:
+    alone, every = cand("inductor", []), cand("inductor", EVERY)
+    ov = cand("openvino", [])
+    seen = [alone, every, ov]
+    tried, hopeless = with_settings(seen, [fig(alone, 1.7), fig(every, 3.7), fig(ov, 1.0)], "cpu")
+    assert [c.settings for c in tried] == ["max-autotune", "freezing", "concat-linear"]
+    assert all(c.passes is EVERY and c.backend == "inductor" for c in tried)
+    assert tried[0].name == "inductor 1 [max-autotune]" and not hopeless
+    # the settings make a key of their own: their compile times and predictions stay apart
+    assert identity(tried[0])[0] == "inductor@max-autotune" != identity(every)[0]
+
+
+def test_settings_are_not_built_where_even_their_best_gain_stays_below_the_best() -> None:
+    every, ov = cand("inductor", EVERY), cand("openvino", EVERY)
+    for inductor_speed, built in ((2.0 / BEST_GAIN * 1.01, True), (2.0 / BEST_GAIN * 0.99, False)):
+        tried, hopeless = with_settings(
+            [every, ov], [fig(every, inductor_speed), fig(ov, 2.0)], "cpu"
+        )
+        assert bool(tried) is built and bool(hopeless) is not built
+    reason = hopeless[0][1].reason or ""
+    assert hopeless[0][1].settings == "max-autotune" and "2.00x" in reason
+    # nothing under inductor measured, or a device without settings: nothing offered
+    assert with_settings([ov], [fig(ov, 2.0)], "cpu") == ([], [])
+    assert with_settings([every], [fig(every, 3.0)], "cuda") == ([], [])
+    wrong = fig(every, 3.0, verdict=Verdict.WRONG_OUTPUTS)
+    assert with_settings([every], [wrong], "cpu") == ([], [])

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from tuner.backends.runtimes import installed_version
-from tuner.contract.config import TunedConfig
+from tuner.contract.config import SCHEMA_VERSION, TunedConfig
 from tuner.graph.capture import export_module
+from tuner.tuning.judge import CLEARLY_SLOWER
 from tuner.tuning.outputs import write_outputs
-from tuner.tuning.tuner import TuneOptions, Tuner, tuning_session
+from tuner.tuning.tuner import TuneOptions, Tuner, tune_program, tuning_session
 
 pytestmark = pytest.mark.skipif(
     installed_version("onnxruntime") is None, reason="onnxruntime not installed"
@@ -71,7 +72,7 @@ def test_the_config_says_what_ran_under_what_and_what_runs_without_the_runtime(
     shipped: tuple[TunedConfig, dict[str, Any], Path],
 ) -> None:
     config, _, _ = shipped
-    assert config.schema_version == 5
+    assert config.schema_version == SCHEMA_VERSION == 6
     assert config.fallback is not None and config.fallback.backend == "eager"
     under = {row.backend: row for row in config.measured_under.backends}
     assert under["eager"].alone == 1.0
@@ -79,3 +80,48 @@ def test_the_config_says_what_ran_under_what_and_what_runs_without_the_runtime(
     assert config.measured_under.site_backend == "eager"
     assert "onnxruntime ships" in config.measured_under.notes[0]
     assert config.tuning["runtimes"]["onnxruntime"] == installed_version("onnxruntime")
+
+
+class Bags(nn.Module):
+    """Embedding bags, which ONNX Runtime runs at a few percent of eager's speed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(1000, 16, mode="sum") for _ in range(8))
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return torch.cat([bag(indices, offsets) for bag in self.bags], dim=1)
+
+
+def test_a_runtime_clearly_slower_at_the_first_size_is_not_compared_or_timed_further(
+    tmp_path: Path,
+) -> None:
+    """Its best calls are over `CLEARLY_SLOWER` times the original's: recorded as slower from
+    them, without an interleaved comparison, and not judged at the other sizes (its artifact
+    would serve every size, so it cannot ship)."""
+    batch = torch.export.Dim("batch", min=2, max=4096)
+    indices = torch.randint(0, 1000, (3 * 256,))
+    offsets = torch.arange(0, 3 * 256, 3)
+    program = torch.export.export(
+        Bags().eval(),
+        (indices, offsets),
+        dynamic_shapes=({0: torch.export.Dim.STATIC}, {0: batch}),
+        strict=False,
+    )
+    options = TuneOptions(
+        budget_s=30,
+        backends=["eager", "onnxruntime"],
+        passes=["remove_dropout"],
+        whole_model_budget_s=1.0,
+        threads=1,
+        workdir=tmp_path,
+        cache_path=tmp_path / "cache.json",
+    )
+    outcome = tune_program(program, options)
+    config = outcome.config
+    assert len(outcome.points) > 1, outcome.points  # a dynamic program, tuned at several sizes
+    peer = next(f for f in config.candidates if f.name == "onnxruntime")
+    assert peer.verdict == "slower" and peer.rounds == 0, peer
+    assert "not compared further" in (peer.reason or "") + str(peer.per_size), peer
+    assert peer.speedup is not None and peer.speedup < 1 / CLEARLY_SLOWER
+    assert len(peer.per_size) == 1, peer.per_size  # the other sizes were not worth their time

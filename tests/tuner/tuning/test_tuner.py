@@ -269,3 +269,26 @@ def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
     assert eager < said.index("timing whole model: compile + every pass") < search
     early = next(f for f in outcome.config.candidates if f.name == "compile + every pass")
     assert early.rounds > 0 or (early.reason or "").startswith("skipped: checking")
+
+
+@pytest.mark.slow
+def test_inductors_settings_are_built_on_its_fastest_candidate_and_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One setting here (a real AOTInductor compile each): built with its values after the
+    default build, checked and timed as every candidate, its compile time kept apart."""
+    from tuner.backends import inductor_settings
+
+    monkeypatch.setitem(inductor_settings.SETTINGS, "cpu", {"freezing": {"freezing": True}})
+    program = _program(ReluNet(), torch.randn(8, 64))
+    cache = tmp_path / "decisions.json"
+    options = TuneOptions(budget_s=60, backends=["inductor"], cache_path=cache, workdir=tmp_path)
+    config = tune_program(program, options).config
+    names = [f.name for f in config.candidates]
+    assert names.index("inductor") < names.index("inductor [freezing]")
+    built = next(f for f in config.candidates if f.settings == "freezing")
+    assert built.backend == "inductor" and built.rounds > 0 and built.build_s, built
+    again = TunedConfig.model_validate_json(config.to_json())
+    assert again.whole_model.settings == config.whole_model.settings
+    times = json.loads((tmp_path / "compile_times.json").read_text())
+    assert any(k.endswith("::inductor@freezing") for k in times), times
