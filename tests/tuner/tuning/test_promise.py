@@ -98,3 +98,15 @@ def test_settings_are_not_built_where_even_their_best_gain_stays_below_the_best(
     assert with_settings([every], [fig(every, 3.0)], "cuda") == ([], [])
     wrong = fig(every, 3.0, verdict=Verdict.WRONG_OUTPUTS)
     assert with_settings([every], [wrong], "cpu") == ([], [])
+
+
+def test_near_ties_go_to_the_candidate_that_rewrites_more() -> None:
+    """As on the recommendation model: the tuned passes (3 sites) and every pass (4) both about
+    2x in eager, so AOTInductor with every pass goes first; a clear lead still decides."""
+    three = [PassStep(pass_name="fuse_horizontal_linear", sites=["a", "b", "c"])]
+    four = [PassStep(pass_name="fuse_horizontal_linear", sites=["a", "b", "c", "d"])]
+    for eager_tuned, first in ((2.03, four), (2.30, three)):
+        seen = [cand("inductor", []), cand("eager", three), cand("eager", four)]
+        got = measured(seen, [fig(seen[0], 2.0), fig(seen[1], eager_tuned), fig(seen[2], 1.99)])
+        timed, _ = by_promise([cand("inductor", three), cand("inductor", four)], got)
+        assert timed[0].passes is first, eager_tuned
