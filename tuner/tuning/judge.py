@@ -11,7 +11,6 @@ candidates that tie against the original, `runoff` times them against each other
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,12 +43,11 @@ from tuner.tuning.step_kind import StepKind
 CLEARLY_SLOWER = 3.0
 
 
-def blocks_for(baseline: Candidate | None, candidate: Candidate) -> Blocks:
-    """Blocks of calls where a side runs on a thread pool of its own (a runtime): its threads
-    spin on after a call and would slow the other side's next one, so the other side's blocks
-    wait for them. `baseline` None: the original, in eager."""
-    spins = tuple(c is not None and c.backend in OWN_THREAD_POOL for c in (baseline, candidate))
-    return dataclasses.replace(POOLED, spins=spins) if any(spins) else SINGLE
+def blocks_for(*candidates: Candidate) -> Blocks:
+    """Blocks of calls, each after a pause, where a side runs on a thread pool of its own (a
+    runtime): its threads and torch's spin on after a call and would slow the other side's
+    next ones."""
+    return POOLED if any(c.backend in OWN_THREAD_POOL for c in candidates) else SINGLE
 
 
 class Judge:
@@ -181,7 +179,7 @@ class Judge:
                 if timing_s
                 else self.run.timing_budget(),
                 clock=self.run.clock,
-                blocks=blocks_for(None, cand),
+                blocks=blocks_for(cand),
             )
         self.run.timed += 1
         if c.rounds == 0:

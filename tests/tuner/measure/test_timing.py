@@ -313,14 +313,9 @@ def test_blocks_shrink_to_fit_the_rounds_but_keep_their_lead_in() -> None:
     assert inner == 3 and round_s == pytest.approx(0.75)  # 0.125 s a call, 0.25 s of pauses
 
 
-def test_only_a_spinning_sides_block_is_followed_by_a_pause() -> None:
-    """The original in eager leaves no pool spinning: after its block the runtime starts at
-    once; after the runtime's, the original waits. One pause a round is planned, not two."""
-    runtime_second = measure.Blocks(lead_in=1, min_calls=10, settle_s=0.1, spins=(False, True))
-    assert runtime_second.pause_after(1, 0) == 0.1
-    assert runtime_second.pause_after(0, 1) == 0.0
-    assert runtime_second.pause_after(1, 1) == 0.0  # the same side again: its own pool
-    assert runtime_second.pause_after(None, 0) == 0.0
-    assert runtime_second.pauses_per_round(2) == pytest.approx(0.1)
-    assert measure.POOLED.pause_after(0, 1) == measure.POOLED.pause_after(1, 0) == 0.1
+def test_a_pause_comes_between_blocks_of_different_variants_only() -> None:
+    """Each side's pool (a runtime's, torch's) spins after its block: a pause before the
+    other's; none before the same side's block again, nor before the first."""
+    assert measure.POOLED.pause_after(1, 0) == measure.POOLED.pause_after(0, 1) == 0.1
+    assert measure.POOLED.pause_after(1, 1) == measure.POOLED.pause_after(None, 0) == 0.0
     assert measure.POOLED.pauses_per_round(2) == pytest.approx(0.2)
