@@ -41,7 +41,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[TunedConfig, dict
     options = TuneOptions(
         budget_s=25,
         backends=["eager", "onnxruntime"],
-        whole_model_budget_s=1.0,
+        whole_model_budget_s=2.5,  # rounds pause 0.2 s beside a runtime: 1 s fitted 5 of 6
         threads=1,
         workdir=out / "work",
         cache_path=out / "cache.json",

@@ -271,6 +271,13 @@ def test_when_no_peer_fits_the_quickest_compile_with_every_pass_goes_first(
     assert early.rounds > 0 or (early.reason or "").startswith("skipped: checking")
 
 
+class Pointwise(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(40):
+            x = torch.tanh(x * 1.01 + 0.1) if i % 2 else torch.sigmoid(x - 0.2)
+        return x
+
+
 @pytest.mark.slow
 def test_inductors_settings_are_built_on_its_fastest_candidate_and_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -280,9 +287,15 @@ def test_inductors_settings_are_built_on_its_fastest_candidate_and_recorded(
     from tuner.backends import inductor_settings
 
     monkeypatch.setitem(inductor_settings.SETTINGS, "cpu", {"freezing": {"freezing": True}})
-    program = _program(ReluNet(), torch.randn(8, 64))
+    program = _program(Pointwise(), torch.randn(8, 256))  # inductor fuses it: several x eager
     cache = tmp_path / "decisions.json"
-    options = TuneOptions(budget_s=60, backends=["inductor"], cache_path=cache, workdir=tmp_path)
+    options = TuneOptions(
+        budget_s=60,
+        backends=["inductor"],
+        passes=["remove_dropout"],
+        cache_path=cache,
+        workdir=tmp_path,
+    )
     config = tune_program(program, options).config
     names = [f.name for f in config.candidates]
     assert names.index("inductor") < names.index("inductor [freezing]")
