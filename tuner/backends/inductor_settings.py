@@ -26,7 +26,7 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
 
 # How much faster than the same candidate's default build a setting has been seen to run:
 # a candidate whose best inductor build, this much faster, stays below the best measured
-# speed is not built again with settings (`tuner.tuning.promise.settings_can_win`).
+# speed is not built again with settings (`tuner.tuning.promise.with_settings`).
 BEST_GAIN = 1.15
 
 

@@ -388,7 +388,8 @@ def _calibrate(
     """
     per_call = []
     for v, fn in enumerate(variants):
-        time.sleep(blocks.pause_after((v or len(variants)) - 1, v))  # warm-up's last first
+        previous = v - 1 if v else len(variants) - 1  # the warm-up ended with the last variant
+        time.sleep(blocks.pause_after(previous, v))
         per_call.append(_per_call_s(sampler, fn, min_sample_s))
     pauses = blocks.pauses_per_round(len(variants))
     ideal = max(math.ceil(min_sample_s / max(min(per_call), 1e-9)), blocks.min_calls)

@@ -18,7 +18,6 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from tuner.backends.compile_time import CompileTimes
-from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import Bucket, Figures, Verdict, Verification
 from tuner.contract.device import Device
 from tuner.deploy.dispatch import dispatching_program
@@ -30,7 +29,7 @@ from tuner.measure.inputs import fresh_inputs
 from tuner.passes.apply import Transformed
 from tuner.search.across_sizes import combined_verdict
 from tuner.search.buckets import ORIGINAL, Plan, bucket_dim, plan_buckets, to_bucket
-from tuner.tuning.candidates import Candidate
+from tuner.tuning.candidates import Candidate, serves_every_size
 from tuner.tuning.choose import original
 from tuner.tuning.run import Captured, Verified
 from tuner.tuning.verify import replayed_and_checked
@@ -113,10 +112,11 @@ def bucketed(
     if any(c.transformed.packers for c in winners):
         return Bucketed(note="not bucketed: a bucket's winner changes the inputs")
     head = by_name.get(chosen)
-    if any(is_runtime(c.backend) for c in winners) or (head and is_runtime(head[0].backend)):
-        return Bucketed(note="not bucketed: a runtime's winner serves every size from one artifact")
-    if any(c.settings for c in winners) or (head and head[0].settings):
-        return Bucketed(note="not bucketed: a winner with inductor settings serves every size")
+    if any(serves_every_size(c) for c in [*winners, *([head[0]] if head else [])]):
+        return Bucketed(
+            note="not bucketed: a winner serves every size from one build (a runtime's "
+            "artifact, or a package with inductor's settings)"
+        )
     outcomes: list[BucketOutcome] = []
     checks: list[Verification] = []
     for plan in plans:

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import fx
 
+from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import InductorSettings, PassStep, SiteDecision, Verdict
 from tuner.deploy.replay import steps_of
 from tuner.graph.capture import Inputs
@@ -45,6 +46,13 @@ def identity(cand: Candidate) -> tuple[str, tuple[tuple[str, tuple[str, ...]], .
     same build the same runner."""
     backend = f"{cand.backend}@{cand.settings}" if cand.settings else cand.backend
     return backend, tuple((s.pass_name, tuple(s.sites)) for s in cand.passes)
+
+
+def serves_every_size(cand: Candidate) -> bool:
+    """Whether the candidate's one build serves every size (a runtime's artifact, a package
+    built with inductor's settings): it is not mixed into size buckets, so slower at one size
+    it cannot ship."""
+    return is_runtime(cand.backend) or cand.settings is not None
 
 
 def compile_key(cand: Candidate) -> str:

@@ -20,7 +20,6 @@ from torch import fx
 from tuner.backends.isolation import CompileCrashed, CompileOverrun
 from tuner.backends.registry import OWN_THREAD_POOL
 from tuner.backends.runtime_build import NotForRuntime
-from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import Figures, Verdict
 from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
@@ -31,7 +30,7 @@ from tuner.search.across_sizes import combined_verdict, size_figures
 from tuner.search.buckets import ORIGINAL
 from tuner.search.site_search import OUT_OF_BUDGET, Progress
 from tuner.tuning.budget import MIN_TIMING_S, Budget
-from tuner.tuning.candidates import WRONG, Candidate
+from tuner.tuning.candidates import WRONG, Candidate, serves_every_size
 from tuner.tuning.choose import Runoff, contest, margin
 from tuner.tuning.run import Captured, TuningRun
 from tuner.tuning.step_kind import StepKind
@@ -132,7 +131,7 @@ class Judge:
                 }
             per_size.append(size_figures(point.label, point.sizes, fields))
             if fields["verdict"] in WRONG or (
-                fields["verdict"] == Verdict.SLOWER and _one_for_every_size(cand)
+                fields["verdict"] == Verdict.SLOWER and serves_every_size(cand)
             ):
                 break  # it cannot ship: the other sizes are not worth their time
         head = per_size[0].model_dump(exclude={"label", "sizes"})
@@ -228,13 +227,6 @@ class Judge:
         if cand.name == ORIGINAL:
             return self.kind.baseline(captured.gm)
         return None if cand.runner is None else self.kind.timed_call(cand.runner)
-
-
-def _one_for_every_size(cand: Candidate) -> bool:
-    """Whether the candidate would serve every size (a runtime's artifact, a package built
-    with inductor's settings: neither goes into size buckets), so that slower at one size it
-    cannot ship."""
-    return is_runtime(cand.backend) or cand.settings is not None
 
 
 def _clearly_slower(base_s: float, cand_s: float) -> dict[str, Any]:
