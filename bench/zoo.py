@@ -1,18 +1,18 @@
 """`make bench` on the model zoo (issue 19): fxtune as a user runs it, against the peers.
 
-Per model (`bench.zoo_models`): export it, run `fxtune tune` as a user would (a fresh decision
-cache per run, an inductor cache that has compiled nothing of the zoo's but, like that of any
-machine that compiled before, holds inductor's compiler probes (`machine_cache`), default
-options, profiles included) at each budget, and
-record the command's wall time. The compile history (`compile_times.json`) is the machine's, as
-a worker keeps it: the zoo's first model plans with the priors, the others with what the
-earlier ones measured. Then, in this one process, time side by side against the
-original run eagerly: torch.compile, AOTInductor and (where installed) OpenVINO and ONNX Runtime
-of the original, and what fxtune shipped at each budget, loaded from its output files as a
-deployment loads them (a runtime's artifact under its runtime), in blocks of calls
-(`bench.run.ratio`), each runtime also against a second session of itself (`self_check`).
-"fxtune / best peer" is a direct interleaved comparison of the two (above 1: fxtune ships
-something faster).
+Per model (`bench.zoo_models`): export it, run `fxtune tune` as a user would (sandboxed, a fresh
+decision cache per run, default options, profiles included) at each budget, and record the
+command's wall time. Each run starts from the user's warm compile caches
+(`tuner.host.warm_folder`: compiler probes and precompiled headers, nothing of any model), made
+before the first model, as on any machine where `fxtune tune` ran before. The compile history
+(`compile_times.json`) is the zoo run's, as a worker keeps its own: the first model plans with
+the priors, the others with what the earlier ones measured. Then, in this one process, time side
+by side against the original run eagerly: torch.compile, AOTInductor and (where installed)
+OpenVINO and ONNX Runtime of the original, and what fxtune shipped at each budget, loaded from
+its output files as a deployment loads them (a runtime's artifact under its runtime), in blocks
+of calls (`bench.run.ratio`), each runtime also against a second session of itself
+(`self_check`). "fxtune / best peer" is a direct interleaved comparison of the two (above 1:
+fxtune ships something faster).
 
 `--load K` runs K busy single-threaded processes while `fxtune tune` runs, so the table can be
 taken with other work on the cores as well as quiet. The peers are built and everything is timed
@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +49,8 @@ from tuner.backends.runtime_build import load_runner
 from tuner.backends.runtimes import is_runtime
 from tuner.contract.device import CPU
 from tuner.graph.capture import example_inputs
+from tuner.host import warm_folder
+from tuner.host.sandbox import Limits, Sandbox, resolve_sandbox
 from tuner.loading.load import load_program
 from tuner.tuning.outputs import aoti_path_for
 
@@ -82,20 +82,13 @@ def background_load(k: int) -> Iterator[None]:
             p.join()
 
 
-MACHINE_CACHE = "machine.inductor"  # in the zoo's work folder, made once by `machine_cache`
-
-
-def machine_cache(work: Path) -> Path:
-    """An inductor cache that has built one tiny AOTInductor package, as any machine that has
-    compiled before has: it holds the compiler probes inductor runs once per cache (6 g++ runs,
-    about 7 s here), and the build leaves the precompiled headers in the temp folder's
-    inductor folder (12 s). Each run starts from a copy, so a model's run pays no machine's
-    first-compile costs and sees nothing compiled for another model."""
-    folder = work / MACHINE_CACHE
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder)}
-    cmd = [sys.executable, "-m", "tuner.backends.warm_cache", str(work / "warm-up.pt2")]
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
-    return folder
+def warm_caches() -> None:
+    """The user's warm compile caches, made now if there are none (`fxtune tune` would make
+    them before its first run's budget starts)."""
+    sandbox = Sandbox(resolve_sandbox("bwrap"))
+    limits = Limits(warm_folder.WARM_TIMEOUT_S)
+    folder = warm_folder.machine_folder(sandbox, limits, lambda _f, m: console.log(m))
+    console.log(f"warm compile caches: {folder or 'none (runs build cold)'}")
 
 
 def tune_cli(path: Path, budget_s: float, work: Path) -> dict[str, Any]:
@@ -104,11 +97,8 @@ def tune_cli(path: Path, budget_s: float, work: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-c", "from fxtune_cli import main; main()", "tune", str(path)]
     cmd += ["--out", f"{stem}.tuned.pt2", "--report", f"{stem}.report.json"]
     cmd += ["--budget-s", f"{budget_s:g}", "--cache", f"{stem}.cache.json"]
-    inductor = work / f"{stem.name}.inductor"
-    shutil.copytree(work / MACHINE_CACHE, inductor)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     started = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall_s = time.monotonic() - started
     if done.returncode != 0:
         return {"budget_s": budget_s, "wall_s": wall_s, "error": done.stderr[-2000:]}
@@ -233,8 +223,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     path = record.path_of(name)
     with tempfile.TemporaryDirectory() as tmp:
-        console.log("warming a machine-level inductor cache (compiler probes, headers)")
-        machine_cache(Path(tmp))
+        warm_caches()
         for model in args.models:
             row = bench_model(model, args.budgets, Path(tmp), args.compare_s, args.load)
             rows += budget_rows(row, args.load)

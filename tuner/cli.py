@@ -215,6 +215,16 @@ def tune_cmd(
             help="Write what this run measures to this folder; --cache is then only read",
         ),
     ] = None,
+    warm_caches: Annotated[
+        bool,
+        typer.Option(
+            "--warm-caches/--cold-caches",
+            envvar="FXTUNE_TUNE_WARM_CACHES",
+            help="Sandboxed: start from compile caches warmed once per user and torch version "
+            "(~/.cache/fxtune/warm; the first run builds them, about 20 s, before the budget "
+            "starts), not from empty ones",
+        ),
+    ] = True,
 ) -> None:
     """Measure every pass on every site of MODEL, choose a backend, write the tuned program."""
     started = time.monotonic()
@@ -223,7 +233,9 @@ def tune_cmd(
         passed = _passed_options(device, budget_s, backend, no_profile, threads, sizes, mode)
         passed += ["--world-size", str(world_size)] if world_size > 1 else []
         passed += ["--optimizer", optimizer] if optimizer else []
-        request = Request(model, out, report, passed, budget_s, str(device), world_size, cached)
+        request = Request(
+            model, out, report, passed, budget_s, str(device), world_size, cached, warm_caches
+        )
         _tune_sandboxed(request, progress_json)
         return
     if world_size > 1:

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tuner.host.job_caches import DEFAULT_STORE
 from tuner.host.sandbox import SandboxMode
+from tuner.host.warm_folder import WARM_COMMAND
 
 
 def default_tune_command() -> list[str]:
@@ -18,7 +19,7 @@ def default_tune_command() -> list[str]:
 
 
 def default_warm_command() -> list[str]:
-    return [sys.executable, "-m", "tuner.backends.warm_cache"]
+    return list(WARM_COMMAND)
 
 
 class WorkerSettings(BaseSettings):

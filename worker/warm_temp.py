@@ -1,27 +1,19 @@
-"""A temp folder warmed by one tiny AOTInductor build, copied into each job's folder.
-
-Each job runs in a private folder of its own (`tuner.host.child_env.private_temp_env`), so
-without this every job's first AOTInductor build made the precompiled headers and probed the
-compiler again (about 19 s of a 2-core machine, `tuner.backends.warm_cache`): a third of a
-60 s budget. The worker builds once, in a child sandboxed and limited as a job is, and copies
-the folder that build left into each job's folder before the job starts. A copy, never a
-link: a job may write into its temp folder, and nothing it writes may reach another job.
-A job that starts before the build is done runs cold, as before.
+"""The worker's warm temp folder (`tuner.host.warm_folder`): built once as the worker starts,
+in a child sandboxed and limited as a job is, and copied into each job's folder before the job
+starts. A job that starts before the build is done runs cold.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 import threading
 from pathlib import Path
 
-from tuner.host.sandbox import Limits, Sandbox, run_child
+from tuner.host import warm_folder
+from tuner.host.sandbox import Limits, Sandbox
 
 log = logging.getLogger("fxtune.worker")
-
-WARM_TIMEOUT_S = 300.0
 
 
 class WarmTemp:
@@ -53,17 +45,12 @@ class WarmTemp:
         self._thread.start()
 
     def _build(self, folder: Path, limits: Limits, sandbox: Sandbox) -> None:
-        cmd = [*self.command, str(folder / "warm.pt2")]
-        wall_s = min(limits.wall_s, WARM_TIMEOUT_S)
-        limits = Limits(wall_s, address_space_bytes=limits.address_space_bytes)
-        result = run_child(
-            cmd, limits, folder, lambda _f, _m: None, cancelled=self._stop.is_set, sandbox=sandbox
-        )
-        if result.ok and (folder / "tmp").is_dir():
+        error = warm_folder.build(self.command, folder, limits, sandbox, self._stop.is_set)
+        if error is None:
             self._ready.set()
             log.info("compile caches warmed for later jobs (%s)", folder)
         else:
-            log.warning("warming the compile caches failed; jobs build cold: %s", result.error)
+            log.warning("warming the compile caches failed; jobs build cold: %s", error)
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for the build to end; whether the folder is ready."""
@@ -75,7 +62,7 @@ class WarmTemp:
         """Copy the warm temp folder into `workdir` (as `workdir/tmp`) if it is ready."""
         if not self.ready or self._folder is None:
             return False
-        shutil.copytree(Path(self._folder.name) / "tmp", workdir / "tmp", dirs_exist_ok=True)
+        warm_folder.seed(Path(self._folder.name), workdir)
         return True
 
     def close(self) -> None:

@@ -73,7 +73,7 @@ class CompileTimes:
     ) -> None:
         self.path = path
         self.record_to = record_to
-        self._recorded: set[str] = set()
+        self._new: dict[str, list[list[float]]] = {}  # this run's, for `record_to`
         self.slowdown = max(slowdown, 1.0)
         self.slowdowns = {b: max(s, 1.0) for b, s in (slowdowns or {}).items()}
         self._rates: dict[str, list[list[float]]] = {}
@@ -109,7 +109,9 @@ class CompileTimes:
         measured = self.samples(hardware, backend)
         if not measured:
             return None
-        n, seconds = min(measured, key=lambda s: abs(math.log(max(s[0], 1) / max(nodes, 1))))
+        # Of equally near sizes, the newest: the machine's caches and load change.
+        nearest = min(reversed(measured), key=lambda s: abs(math.log(max(s[0], 1) / max(nodes, 1))))
+        n, seconds = nearest
         return self.slowdown_of(backend) * seconds * math.sqrt(max(nodes, 1) / max(n, 1))
 
     def planning_estimate(self, hardware: str, backend: str, nodes: int) -> tuple[float, bool]:
@@ -126,7 +128,7 @@ class CompileTimes:
         key = f"{hardware}::{backend}"
         quiet = round(seconds / self.slowdown_of(backend), 3)
         self._rates[key] = [*self._rates.get(key, []), [nodes, quiet]][-KEPT:]
-        self._recorded.add(key)
+        self._new[key] = [*self._new.get(key, []), [nodes, quiet]][-KEPT:]
         self._save()
 
     def record_stopped(self, hardware: str, backend: str, nodes: int, seconds: float) -> None:
@@ -140,6 +142,8 @@ class CompileTimes:
 
     def _save(self) -> None:
         if self.record_to is not None:
-            write_json(self.record_to, {k: self._rates[k] for k in sorted(self._recorded)})
+            # Only this run's: the caller appends them to the store this run read (a job's
+            # snapshot), which already holds the rest.
+            write_json(self.record_to, {k: self._new[k] for k in sorted(self._new)})
         elif self.path is not None:
             write_json(self.path, self._rates)

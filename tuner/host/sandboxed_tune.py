@@ -27,7 +27,7 @@ from typing import Any
 from tuner.contract.budget import kill_after_s, overran
 from tuner.contract.errors import ArtifactFormatError, FxtuneError
 from tuner.contract.exit_codes import ExitCode
-from tuner.host import job_caches
+from tuner.host import job_caches, warm_folder
 from tuner.host.child_env import fxtune_python_path
 from tuner.host.files import link_or_copy
 from tuner.host.sandbox import (
@@ -63,6 +63,7 @@ class Request:
     device: str = "cpu"
     world_size: int = 1
     cache: Path | None = None
+    warm: bool = True  # seed the run's temp folder from this user's warm one (`warm_folder`)
 
     @property
     def on_gpu(self) -> bool:
@@ -207,6 +208,11 @@ def tune_in_sandbox(request: Request, progress: Callable[[float, str], None]) ->
         limits = Limits(kill_after_s(request.budget_s), address_space_bytes=memory)
         if sandbox.share_devices:  # CUDA reserves huge virtual ranges
             limits = Limits(limits.wall_s)
+        if request.warm:
+            warm_limits = Limits(warm_folder.WARM_TIMEOUT_S, address_space_bytes=memory)
+            warm = warm_folder.machine_folder(Sandbox(kind), warm_limits, progress)
+            if warm is not None:
+                warm_folder.seed(warm, folder)
         env = {"PYTHONPATH": fxtune_python_path(os.environ.get("PYTHONPATH"))}
         result = run_child(cmd, limits.within(sandbox), folder, progress, env=env, sandbox=sandbox)
         summary = summary_of(readable((folder / "stderr.log").read_text(errors="replace")))

@@ -16,7 +16,12 @@ from tuner.backends import registry as backends
 from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import Figures, Verdict
 from tuner.graph.sizes import SizePoint
-from tuner.measure.timing import fixed_threads, process_clock_step_ns, quick_per_call_s
+from tuner.measure.timing import (
+    fixed_threads,
+    process_clock_step_ns,
+    quick_per_call_s,
+    steady_per_call_s,
+)
 from tuner.search.site_search import Progress
 from tuner.tuning.candidates import Candidate
 from tuner.tuning.run import FINISH_SHARE, Captured, TuningRun
@@ -63,7 +68,7 @@ def model_time_s(
     if run.device.kind != "cpu":
         return None
     with fixed_threads(run.options.threads):
-        return quick_per_call_s(lambda: baseline(*captured.inputs))
+        return steady_per_call_s(lambda: baseline(*captured.inputs))
 
 
 class Budget:

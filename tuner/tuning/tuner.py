@@ -177,8 +177,9 @@ class Tuner:
     def _search_and_judge(
         self, captured: Captured, say: Progress
     ) -> tuple[SearchResult, list[Candidate], list[Figures]]:
-        """The peers are the floor, so they are built and timed first, quickest first, as
-        many as are expected to fit; one that is not goes after the passes, with what is left.
+        """The peers are the floor, so they are built first, quickest first, as many as are
+        expected to fit, then timed fastest first (`Judge.peers`); one that is not expected to
+        fit goes after the passes, with what is left.
         Where no peer is expected to fit, every pass goes first, in eager (no compile) and
         with the quickest compile that fits, and the report says so; where a peer needs no
         compile (a CUDA graph), every pass under it goes with the peers. Then the
@@ -198,7 +199,8 @@ class Tuner:
                 early = first + self.budget.uncompiled_with_passes(blind, first, say)
             else:
                 early = self.budget.stand_ins(blind, say)
-        figures = self.judge.all(captured, early, say, (0.05, 0.3))
+        figures = self.judge.peers(captured, first, say, (0.05, 0.25))
+        figures += self.judge.all(captured, early[len(first) :], say, (0.25, 0.3))
         deadline = self.budget.search_deadline(early, figures, building_s)
         with self.run.clocked("site search"):
             search = self._search(captured, say, deadline)

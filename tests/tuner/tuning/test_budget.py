@@ -50,6 +50,22 @@ def test_compile_times_estimate_from_what_was_measured(tmp_path: Path) -> None:
     assert again.estimate("other hw", "inductor", 100) is None
 
 
+def test_a_job_records_only_its_own_compiles_and_the_newest_of_a_size_plans(
+    tmp_path: Path,
+) -> None:
+    """A job reads a snapshot of the store and writes what it measured for the caller to
+    append: were the snapshot's records written again, every merge would copy them once more
+    (a CLI run's store held each compile 2-4 times after three runs)."""
+    store = tmp_path / "decisions.json"
+    CompileTimes.for_cache(store).record("hw", "inductor", nodes=244, seconds=26.0)  # cold
+    out = tmp_path / "out"
+    out.mkdir()
+    job = CompileTimes.for_cache(store, record_to=out)
+    job.record("hw", "inductor", nodes=244, seconds=13.0)  # warm caches
+    assert json.loads((out / "compile_times.json").read_text()) == {"hw::inductor": [[244, 13.0]]}
+    assert job.estimate("hw", "inductor", 244) == pytest.approx(13.0)
+
+
 def test_compile_times_are_kept_as_a_quiet_machine_would_take_them(tmp_path: Path) -> None:
     """Measured with other work on the cores (slowdown 2), a compile counts half for later runs,
     and a loaded run expects its compiles, the prior's too, to take twice as long."""
@@ -214,7 +230,8 @@ def test_a_candidate_whose_output_check_would_overrun_is_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A BERT-base here spent 61 s checking one candidate's outputs with 3 s of budget left."""
-    monkeypatch.setattr("tuner.tuning.budget.quick_per_call_s", lambda fn, repeats=3: 1.0)  # 1 s
+    monkeypatch.setattr("tuner.tuning.budget.steady_per_call_s", lambda fn: 1.0)  # 1 s a call
+    monkeypatch.setattr("tuner.tuning.budget.quick_per_call_s", lambda fn, repeats=3: 1.0)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(budget_s=10, backends=["eager"], cache_path=tmp_path / "c.json")
     started = time.monotonic()

@@ -8,6 +8,7 @@ measured and the original shipped, 0.90x of AOTInductor.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,3 +58,51 @@ def test_a_slow_size_gets_the_time_its_rounds_need(tmp_path: Path) -> None:
         big = sizes["batch=2048"]
         assert big.rounds >= 6, (name, big)  # an interval, not "no timed round fitted"
         assert big.verdict != "not measured", (name, big)
+
+
+def _peer_judge(glances: dict[str, float], speedups: dict[str, float]) -> tuple[Any, list[str]]:
+    """A Judge whose builds, glances and comparisons are stand-ins: `glances` are each peer's
+    best of 2 calls (s), `speedups` what its comparison measures (interval +-2%)."""
+    from types import SimpleNamespace
+
+    from tuner.contract.config import Figures, Verdict
+    from tuner.tuning.judge import Judge
+
+    run = SimpleNamespace(model_time_s=1e-3, peer_notes=[], points=[])
+    judge = Judge(run, None, None)  # type: ignore[arg-type]
+    order: list[str] = []
+
+    def measure(_captured: object, cand: Any, fig: dict[str, Any], looked: object) -> Figures:
+        order.append(cand.name)
+        s = speedups[cand.name]
+        return Figures(**fig, speedup=s, ci=(0.98 * s, 1.02 * s), verdict=Verdict.FASTER)
+
+    judge._build = lambda cand: dict(name=cand.name, backend=cand.backend, passes=[])  # type: ignore[method-assign]
+    judge._look = lambda gm, inputs, cand, base_s: glances[cand.name]  # type: ignore[method-assign]
+    judge._measure = measure  # type: ignore[method-assign]
+    return judge, order
+
+
+def test_peers_are_built_then_timed_fastest_first_and_a_clearly_beaten_one_is_not_timed() -> None:
+    """The dynamic recommendation model at 60 s: the runtimes' builds came first and their
+    comparisons at three sizes left AOTInductor, twice as fast, 2 s short of fitting."""
+    from types import SimpleNamespace
+
+    from tuner.tuning.judge import QUICK_DOUBT
+
+    names = ["openvino", "onnxruntime", "inductor"]
+    peers = [SimpleNamespace(name=n, backend=n, passes=[], settings=None) for n in names]
+    glances = {"openvino": 1.2e-3, "onnxruntime": 0.7e-3, "inductor": 0.5e-3}
+    # inductor measured 2.0x; openvino glanced 2.4x as slow: near 0.83x, and 1.5x that < 1.96
+    judge, order = _peer_judge(glances, {"inductor": 2.0, "onnxruntime": 1.2, "openvino": 0.8})
+    captured = SimpleNamespace(gm=None, inputs=())
+    figures = judge.peers(captured, peers, lambda f, m: None, (0.0, 1.0))  # type: ignore[arg-type]
+    assert order == ["inductor", "onnxruntime"]  # onnxruntime: near 1.43x; 1.5x that reaches 1.96
+    assert [f.name for f in figures] == names  # reported in the peers' order
+    skipped = figures[0]
+    assert skipped.verdict == "not measured" and skipped.reason.startswith("not timed: its best")
+    assert f"even {QUICK_DOUBT:g}x that stays below" in skipped.reason
+    assert (
+        "the order they are timed in: inductor 0.5 ms, onnxruntime 0.7 ms"
+        in (judge.run.peer_notes[0])
+    )
