@@ -54,7 +54,7 @@ os.environ["FXTUNE_WARM_CHECKERS"] = "0"
 # `fxtune tune` in the tests' own process tunes in that process (fixtures register passes there);
 # tests/tuner/host/test_sandboxed_tune.py runs it sandboxed, as it runs by default.
 os.environ["FXTUNE_TUNE_SANDBOX"] = "0"
-# Its sandboxed runs start cold: the warm folder's real build is a 20 s compile
+# Its sandboxed runs start cold: the warm folder's real build is a 30 s compile
 # (tests/tuner/host/test_warm_folder.py uses a stand-in).
 os.environ["FXTUNE_TUNE_WARM_CACHES"] = "0"
 os.environ["FXTUNE_WORKER_WARM_COMMAND"] = "[]"  # see tests/service/helpers.fxtune_env

@@ -221,7 +221,7 @@ def tune_cmd(
             "--warm-caches/--cold-caches",
             envvar="FXTUNE_TUNE_WARM_CACHES",
             help="Sandboxed: start from compile caches warmed once per user and torch version "
-            "(~/.cache/fxtune/warm; the first run builds them, about 20 s, before the budget "
+            "(~/.cache/fxtune/warm; the first run builds them, about 30 s, before the budget "
             "starts), not from empty ones",
         ),
     ] = True,

@@ -84,7 +84,7 @@ def machine_folder(
     if (folder / READY).is_file():
         return folder
     say(0.0, "warming the compile caches once for this torch (a tiny AOTInductor build, about "
-        "20 s on 2 cores, before the budget starts; later runs reuse them)")  # fmt: skip
+        "30 s on 2 cores, before the budget starts; later runs reuse them)")  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
     try:

@@ -188,7 +188,7 @@ class Tuner:
         kind, gm0, inputs = self.kind, captured.gm, captured.inputs
         peers = [c for c in kind.candidates(gm0, inputs, [], []) if not c.passes]
         peers = [c for c in peers if c.backend != "eager"]
-        first, last = self.budget.plan_peers(peers, say)
+        first, last = self.budget.plan_peers(peers, say, kind.baseline(gm0))
         early, building_s = first, 0.0
         if (last and not first) or any(c.backend not in backends.COMPILING for c in first):
             began = time.monotonic()

@@ -231,7 +231,6 @@ def test_a_candidate_whose_output_check_would_overrun_is_skipped(
 ) -> None:
     """A BERT-base here spent 61 s checking one candidate's outputs with 3 s of budget left."""
     monkeypatch.setattr("tuner.tuning.budget.steady_per_call_s", lambda fn: 1.0)  # 1 s a call
-    monkeypatch.setattr("tuner.tuning.budget.quick_per_call_s", lambda fn, repeats=3: 1.0)
     program = export_module(SplitNormTanh(n=4).eval(), (torch.randn(8, 64),))
     options = TuneOptions(budget_s=10, backends=["eager"], cache_path=tmp_path / "c.json")
     started = time.monotonic()
@@ -317,3 +316,42 @@ def test_the_fastest_peer_goes_first_where_its_measured_build_fits_alone() -> No
     guessed = CompileTimes(None)  # the prior says AOTInductor fits alone: not enough
     guessed.record("hw", "compile", nodes=100, seconds=15.0)
     assert plan(guessed, left=30.0)[:2] == (["compile"], ["inductor"])
+
+
+def test_at_several_sizes_the_first_peers_timing_there_is_kept_before_peers_are_built() -> None:
+    """distilbert_dyn at 60 s: OpenVINO, ONNX Runtime and torch.compile were built first; then
+    OpenVINO's comparison at batch 64 (a quarter second a call) needed 16 s and 7 were left."""
+    from types import SimpleNamespace
+
+    from tuner.graph.sizes import SizePoint
+    from tuner.tuning.budget import SIZE_CALLS, Budget
+
+    graph = SimpleNamespace(gm=SimpleNamespace(graph=SimpleNamespace(nodes=[None] * 100)))
+    peers = [
+        SimpleNamespace(name=b, backend=b, passes=[], transformed=graph)
+        for b in ("openvino", "onnxruntime", "compile")
+    ]
+    times = CompileTimes(None)
+    for backend, seconds in (("openvino", 3.0), ("onnxruntime", 3.0), ("compile", 15.0)):
+        times.record("hw", backend, nodes=100, seconds=seconds)
+    run = SimpleNamespace(
+        model_time_s=0.01,
+        peer_notes=[],
+        remaining=lambda: 41.0,
+        load=SimpleNamespace(shared=False),
+        compile_times=times,
+        hardware_key="hw",
+        options=SimpleNamespace(budget_s=60.0, whole_model_budget_s=6.0),
+        device=SimpleNamespace(kind="cpu"),
+        points=[SizePoint(label, {}, ()) for label in ("example", "batch=2", "batch=64")],
+        size_time_s={"batch=2": 0.005, "batch=64": 0.25},  # measured: no calls made here
+    )
+    budget = Budget(run, None)  # type: ignore[arg-type]
+    kept = budget.further_sizes_s(lambda: None)
+    assert kept == pytest.approx(6.0 + 20 * 0.005 + SIZE_CALLS * 0.25 + 20 * 0.25)
+    first, last = budget.plan_peers(peers, lambda _f, _m: None, lambda: None)  # type: ignore[arg-type]
+    assert [c.name for c in first] == ["openvino", "onnxruntime"]
+    assert [c.name for c in last] == ["compile"]
+    assert run.peer_notes[0] == "19 s kept for timing the first peer at the 2 other sizes"
+    first, _ = budget.plan_peers(peers, lambda _f, _m: None)  # type: ignore[arg-type]
+    assert len(first) == 3  # without the original to time, nothing is kept
