@@ -110,8 +110,9 @@ class CompileTimes:
         if not measured:
             return None
         # Of equally near sizes, the newest: the machine's caches and load change.
-        nearest = min(reversed(measured), key=lambda s: abs(math.log(max(s[0], 1) / max(nodes, 1))))
-        n, seconds = nearest
+        n, seconds = min(
+            reversed(measured), key=lambda s: abs(math.log(max(s[0], 1) / max(nodes, 1)))
+        )
         return self.slowdown_of(backend) * seconds * math.sqrt(max(nodes, 1) / max(n, 1))
 
     def planning_estimate(self, hardware: str, backend: str, nodes: int) -> tuple[float, bool]:

@@ -198,14 +198,14 @@ class Budget:
         scaled by the load) and, where no peer is expected to fit, the budget it would need.
         Nothing slower than what is measured ships either way."""
         run = self.run
-        left = run.remaining()
+        kept = 0.0
         if baseline is not None and len(run.points) > 1:
             kept = self.further_sizes_s(baseline)
-            left = run.remaining() - kept
             run.peer_notes.append(
                 f"{kept:.0f} s kept for timing the first peer at the {len(run.points) - 1} "
                 "other sizes"
             )
+        left = run.remaining() - kept  # after the calls that measured it
         if run.load.shared:
             timed = (
                 "timed by this process's CPU time, which the other work does not stretch"

@@ -119,11 +119,11 @@ class Judge:
             else:
                 looked.append((looked_at, i, got))
         quick = {i: quick_s for quick_s, i, _ in looked}
-        if looked:
-            ranked = sorted(looked, key=lambda x: x[0])
+        ranked = sorted(looked, key=lambda q: (q[0], q[1]))
+        if ranked:
             glances = ", ".join(f"{peers[i].name} {1e3 * q:.3g} ms" for q, i, _ in ranked)
             self.run.peer_notes.append(f"best of 2 calls, the order they are timed in: {glances}")
-        for j, (quick_s, i, fig) in enumerate(sorted(looked, key=lambda q: (q[0], q[1]))):
+        for j, (quick_s, i, fig) in enumerate(ranked):
             cand = peers[i]
             say(low + (high - low) * (0.5 + j / (2 * len(looked))), f"timing {cand.name}")
             beaten = _beaten(quick_s, peers, done, quick)
@@ -203,8 +203,8 @@ class Judge:
             if i == 0 and isinstance(looked, dict):
                 fields, c = looked, None
             else:
-                glance = looked if i == 0 and isinstance(looked, float) else None
-                fields, c = self.at(captured.gm, at, cand, runner, timing_s, base_s, glance)
+                checked = i == 0 and looked is not None
+                fields, c = self.at(captured.gm, at, cand, runner, timing_s, base_s, checked)
             if c is not None:
                 suffix = f"@{point.label}" if i else ""
                 self.run.samples[f"model:{cand.name}{suffix}"] = {
@@ -216,11 +216,8 @@ class Judge:
                 fields["verdict"] == Verdict.SLOWER and serves_every_size(cand)
             ):
                 break  # it cannot ship: the other sizes are not worth their time
-        return self._figures(fig, per_size)
-
-    def _figures(self, fig: dict[str, Any], per_size: list[Any]) -> Figures:
         head = per_size[0].model_dump(exclude={"label", "sizes"})
-        if len(self.run.points) <= 1:
+        if len(points) <= 1:
             return Figures(**fig, **head)
         verdict_, reason = combined_verdict(per_size)
         head.update(verdict=verdict_, reason=reason or head.get("reason"))
@@ -234,13 +231,13 @@ class Judge:
         runner: Callable[..., Any],
         timing_s: float | None = None,
         base_s: float | None = None,
-        glanced_s: float | None = None,
+        checked: bool = False,
     ) -> tuple[dict[str, Any], Comparison | None]:
         """Check and time a built candidate at one size: (figure fields, comparison or None);
         the comparison gets `timing_s` (default: the whole-model budget). With `base_s` (the
         original's best call time there), a candidate `CLEARLY_SLOWER` is not compared.
-        `glanced_s`: checked here already (`_look`), its best of 2 calls."""
-        if glanced_s is None:
+        `checked`: checked and glanced at here already (`_look`)."""
+        if not checked:
             looked = self._look(gm0, inputs, cand, base_s)
             if isinstance(looked, dict):
                 return looked, None
@@ -338,10 +335,10 @@ class Judge:
 def _beaten(
     quick_s: float, peers: list[Candidate], done: dict[int, Figures], quick: dict[int, float]
 ) -> str | None:
-    """Why a peer whose best of 2 calls took `quick_s` is not compared, or None: a peer
-    measured faster than the original, glanced at too, beats it by more than `QUICK_DOUBT`
-    (its speedup, scaled by the two glances: the glances compare two peers, the comparison
-    scales them to the original)."""
+    """Why a peer whose best of 2 calls took `quick_s` is not compared, or None. Its speed is
+    estimated from each peer measured faster than the original and glanced at too (that peer's
+    speedup, scaled by the two glances), and the most generous estimate is the one judged: it is
+    not compared only where even `QUICK_DOUBT` times that stays below that peer's interval."""
     measured = [
         (fig.speedup * quick[i] / quick_s, i, fig)
         for i, fig in done.items()
