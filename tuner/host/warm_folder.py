@@ -16,10 +16,13 @@ clock starts.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -31,6 +34,10 @@ WARM_COMMAND = [sys.executable, "-m", "tuner.backends.warm_cache"]
 WARM_TIMEOUT_S = 300.0
 USER_ROOT = Path.home() / ".cache" / "fxtune" / "warm"
 READY = "ready"  # written last: a folder without it is a build that did not finish
+# Folders of other installations kept besides the one in use (about 290 MB each); of the rest, the
+# least recently used go once unused for a day (a run may be copying one still).
+KEPT_OTHERS = 3
+UNUSED_S = 86400.0
 
 
 def build(
@@ -60,13 +67,32 @@ def seed(folder: Path, workdir: Path) -> None:
     shutil.copytree(folder / "tmp", workdir / "tmp", dirs_exist_ok=True)
 
 
+def _compiler() -> str:
+    """The C++ compiler inductor calls (CXX, else c++), as a path and its file's size and time:
+    an upgraded compiler is a new file."""
+    found = shutil.which(os.environ.get("CXX", "c++"))
+    if found is None:
+        return "none"
+    stat = Path(found).resolve().stat()
+    return f"{Path(found).resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def _key() -> str:
-    """What the headers were built for: a torch version (its headers) and a Python."""
+    """What the headers were built for. inductor names a precompiled header by a digest of the
+    header preprocessed, so the paths of torch's and Python's headers are in it: the same torch
+    in another virtual environment (a worktree's, a fresh clone's) missed every header of a
+    folder keyed by versions alone, and each run made them again (12 s of a 2-core machine; the
+    zoo's AOTInductor builds took 23-31 s where 10-14 s were expected). So: the versions for
+    reading, then a digest of torch's folder, Python's and the compiler."""
     try:
         torch_version = version("torch")
     except PackageNotFoundError:
         torch_version = "unknown"
-    return f"torch-{torch_version}-py{sys.version_info.major}.{sys.version_info.minor}"
+    spec = importlib.util.find_spec("torch")
+    torch_dir = str(Path(spec.origin).parent) if spec is not None and spec.origin else "none"
+    where = "\n".join([torch_dir, sys.base_prefix, sys.prefix, _compiler()])
+    digest = hashlib.sha256(where.encode()).hexdigest()[:12]
+    return f"torch-{torch_version}-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
 
 
 def machine_folder(
@@ -82,6 +108,8 @@ def machine_folder(
     one is kept."""
     folder = root / _key()
     if (folder / READY).is_file():
+        with contextlib.suppress(OSError):
+            os.utime(folder / READY)  # in use: the last to be pruned
         return folder
     say(0.0, "warming the compile caches once for this torch (a tiny AOTInductor build, about "
         "30 s on 2 cores, before the budget starts; later runs reuse them)")  # fmt: skip
@@ -97,6 +125,23 @@ def machine_folder(
             shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(OSError):  # another run put its own in place first
             staging.rename(folder)
+        prune(root, folder)
         return folder if (folder / READY).is_file() else None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def prune(root: Path, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the least recently used warm folders of other installations beyond `KEPT_OTHERS`
+    (only those unused for `UNUSED_S`); the removed ones."""
+    now = time.time() if now is None else now
+    others = []
+    for path in root.iterdir():
+        ready = path / READY
+        if path != keep and path.is_dir() and not path.name.startswith(".") and ready.is_file():
+            others.append((ready.stat().st_mtime, path))
+    others.sort(reverse=True)
+    removed = [p for used, p in others[KEPT_OTHERS:] if now - used > UNUSED_S]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed

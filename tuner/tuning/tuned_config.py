@@ -50,6 +50,8 @@ def tuned_config(
             },
             # What the CPU timings measured: "wall", or "cpu" (one thread beside other work).
             "clock": run.clock,
+            # The original's call as read before planning (CPU): what checks are budgeted by.
+            "call_s": run.model_time_s,
             "timed_candidates": run.timed,
             "cache_hits": run.cache.hits,
             # Why stored decisions were not used (`tuner.search.decisions`); empty: all were.

@@ -156,6 +156,10 @@ class Tuner:
             if run.device.kind != "cpu":
                 program = on_device(program, run.device.torch_device)
             captured = kind.capture(program, say)
+        if run.options.children is not None and run.device.kind == "cpu":
+            with run.clocked("children starting"):
+                run.options.children.settle()
+        with run.clocked("capture"):
             run.model_time_s = model_time_s(run, kind.baseline(captured.gm), captured)
         search, run.candidates, figures = self._search_and_judge(captured, say)
         runoff = self.judge.runoff(captured, run.candidates, figures, say)

@@ -4,6 +4,7 @@ worker tests' stand-in; the real build's effect on a tune is in the closing note
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -50,3 +51,35 @@ def test_a_failed_build_leaves_the_run_cold_and_nothing_half_made(tmp_path: Path
     unfinished.mkdir()
     got = warm_folder.machine_folder(Sandbox(), Limits(60), lambda *_: None, root, warm_command())
     assert got == unfinished and (got / "tmp" / WARM_FILE).is_file()
+
+
+def test_each_installation_has_its_own_folder(monkeypatch) -> None:
+    """inductor's header names digest the header paths: another venv's torch (same version)
+    cannot use these headers, so it must not share the folder."""
+    here = warm_folder._key()
+    monkeypatch.setattr(sys, "prefix", "/elsewhere/.venv")
+    there = warm_folder._key()
+    assert there != here and there.rsplit("-", 1)[0] == here.rsplit("-", 1)[0]
+
+
+def test_only_old_folders_of_other_installations_beyond_three_are_pruned(tmp_path: Path) -> None:
+    now = 1_000_000.0
+    folders = []
+    for i in range(6):  # folder i last used i days (and a minute) ago
+        folder = tmp_path / f"torch-x-{i}"
+        (folder / "tmp").mkdir(parents=True)
+        (folder / warm_folder.READY).write_text("")
+        used = now - i * 86400 - 60
+        os.utime(folder / warm_folder.READY, (used, used))
+        folders.append(folder)
+    (tmp_path / ".building-abc").mkdir()  # another run's build in progress
+    removed = warm_folder.prune(tmp_path, keep=folders[5], now=now)
+    # kept: folders[5] (in use) and the three most recent others (0, 1, 2); 3 and 4 go
+    assert sorted(removed) == [folders[3], folders[4]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".building-abc",
+        "torch-x-0",
+        "torch-x-1",
+        "torch-x-2",
+        "torch-x-5",
+    ]
