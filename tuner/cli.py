@@ -220,9 +220,9 @@ def tune_cmd(
         typer.Option(
             "--warm-caches/--cold-caches",
             envvar="FXTUNE_TUNE_WARM_CACHES",
-            help="Sandboxed: start from compile caches warmed once per user and torch installation "
-            "(~/.cache/fxtune/warm; the first run builds them, about 30 s, before the budget "
-            "starts), not from empty ones",
+            help="Sandboxed: start from compile caches warmed once per user and torch "
+            "installation (~/.cache/fxtune/warm; the first run builds them, about 30 s, before "
+            "the budget starts), not from empty ones",
         ),
     ] = True,
 ) -> None:

@@ -262,9 +262,9 @@ class Children:
     def settle(self, timeout_s: float = SETTLE_S) -> float:
         """Wait (up to `timeout_s`) until the children started ahead have finished importing
         torch and sit idle; the seconds waited. The original's call time, read next, bounds
-        every check and glance of the run: read while two children imported torch it was
-        1.8x its quiet figure on the zoo's dlrm (8.3-9.5 ms against 4.7 ms), and once 169 ms
-        for a 1.1 ms call. Where /proc cannot be read, no wait."""
+        every check and glance of the run: read while the runtimes' serving child imported
+        torch it was 1.8-2x its quiet figure on the zoo's dlrm (8.3-9.5 ms against 3.7-4.7 ms),
+        and once 169 ms for a 1.1 ms call. Where /proc cannot be read, no wait."""
         procs = [c.proc for c in (self._next, self._served) if c is not None]
         started = time.monotonic()
         last = {p.pid: cpu_ticks(p.pid) for p in procs if p.poll() is None}
