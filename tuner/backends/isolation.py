@@ -177,23 +177,6 @@ class _Served:
         self.scratch.cleanup()
 
 
-# How long a run waits for its started children to finish importing (`Children.settle`), and
-# how often it looks: a child idle for one look has finished.
-SETTLE_S = 8.0
-SETTLE_LOOK_S = 0.1
-
-
-def cpu_ticks(pid: int) -> int | None:
-    """The process's CPU time so far in clock ticks (user and system), from /proc; None where
-    it cannot be read (it ended, or no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
-    return int(fields[11]) + int(fields[12])
-
-
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -258,24 +241,6 @@ class Children:
         if "error" in report:
             raise CompileFailed(f"{action} failed: {report['error']}")
         return seconds, report
-
-    def settle(self, timeout_s: float = SETTLE_S) -> float:
-        """Wait (up to `timeout_s`) until the children started ahead have finished importing
-        torch and sit idle; the seconds waited. The original's call time, read next, bounds
-        every check and glance of the run: read while the runtimes' serving child imported
-        torch it was 1.8-2x its quiet figure on the zoo's dlrm (8.3-9.5 ms against 3.7-4.7 ms),
-        and once 169 ms for a 1.1 ms call. Where /proc cannot be read, no wait."""
-        procs = [c.proc for c in (self._next, self._served) if c is not None]
-        started = time.monotonic()
-        last = {p.pid: cpu_ticks(p.pid) for p in procs if p.poll() is None}
-        while last and time.monotonic() - started < timeout_s:
-            time.sleep(SETTLE_LOOK_S)
-            now = {pid: cpu_ticks(pid) for pid in last}
-            busy = {pid: t for pid, t in now.items() if t is not None and t - (last[pid] or 0) > 1}
-            if not busy:
-                break
-            last = busy
-        return time.monotonic() - started
 
     def start(self) -> None:
         """Start the next child now, if children are started ahead and none is waiting."""

@@ -145,38 +145,3 @@ def test_a_child_s_precompiled_headers_go_to_this_process_s_inductor_folder(
     assert Path(where).resolve() == (home / "precompiled_headers").resolve()
     shutil.rmtree(scratch)
     assert home.is_dir()
-
-
-class _Started:
-    """A stand-in for a child started ahead: busy for `busy_s`, then idle until killed."""
-
-    def __init__(self, busy_s: float) -> None:
-        code = (
-            "import time\nt = time.process_time()\n"
-            f"while time.process_time() - t < {busy_s}: pass\ntime.sleep(60)"
-        )
-        self.proc = subprocess.Popen([sys.executable, "-c", code])
-
-
-def test_settle_waits_for_started_children_to_go_idle_and_no_longer() -> None:
-    children = isolation.Children()
-    busy = _Started(0.6)
-    children._next = busy  # type: ignore[assignment]
-    try:
-        waited = children.settle(timeout_s=5.0)
-        assert 0.5 <= waited < 2.5
-        assert children.settle(timeout_s=5.0) < 0.5  # idle already
-    finally:
-        busy.proc.kill()
-        busy.proc.wait()
-
-
-def test_settle_gives_up_at_its_timeout() -> None:
-    children = isolation.Children()
-    busy = _Started(30.0)
-    children._next = busy  # type: ignore[assignment]
-    try:
-        assert 0.8 <= children.settle(timeout_s=0.8) < 1.5
-    finally:
-        busy.proc.kill()
-        busy.proc.wait()
