@@ -68,13 +68,14 @@ def seed(folder: Path, workdir: Path) -> None:
 
 
 def _compiler() -> str:
-    """The C++ compiler inductor calls (CXX, else c++), as a path and its file's size and time:
-    an upgraded compiler is a new file."""
-    found = shutil.which(os.environ.get("CXX", "c++"))
+    """The C++ compiler inductor calls (its default: CXX, else g++), as a path and its file's
+    size and time: an upgraded compiler is a new file."""
+    found = shutil.which(os.environ.get("CXX", "g++"))
     if found is None:
         return "none"
-    stat = Path(found).resolve().stat()
-    return f"{Path(found).resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    path = Path(found).resolve()
+    stat = path.stat()
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def _key() -> str:
