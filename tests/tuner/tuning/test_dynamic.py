@@ -28,6 +28,7 @@ from tuner.graph.capture import export_module, save_program, to_graph_module
 from tuner.graph.fingerprint import model_fingerprint
 from tuner.graph.shapes import ShapeMismatch, spec_of
 from tuner.loading.load import load_program
+from tuner.measure.summary import order_rank
 from tuner.passes import pass_names
 from tuner.passes.apply import apply_passes
 from tuner.tuning.outputs import runtime_path_for, write_outputs
@@ -240,9 +241,14 @@ def test_the_report_has_speedups_per_size_with_intervals(tuned: tuple[Any, Path]
         assert [f["label"] for f in per_size] == ["batch=32", "batch=2", "batch=4096"]
     for f in per_size:
         assert f["verdict"] in ("faster", "within noise")
-        low, high = f["ci"]  # a bound is None only when too few rounds fitted
+        low, high = f["ci"]
         assert (low is None or low <= f["speedup"]) and (high is None or f["speedup"] <= high)
-        assert low is not None or high is not None
+        # Open only where too few rounds fitted to bound it (a busy machine at the largest
+        # size), and then it cannot be called faster.
+        if order_rank(f["rounds"] or 0, 0.95):
+            assert low is not None and high is not None, f
+        else:
+            assert low is None and high is None and f["verdict"] == "within noise", f
     timed = [d for d in config.sites if d.rounds]
     for d in timed:  # sites under the noise share or past the deadline carry no figures
         assert [f.label for f in d.per_size][:1] == ["batch=32"]
