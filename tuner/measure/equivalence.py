@@ -41,6 +41,7 @@ absolute difference, and that relative to the reference's largest magnitude.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -254,14 +255,27 @@ class ReferenceMemo:
         self.reference = reference
         self._twin: Callable[..., Any] | None = None
         self._twin_tried = False  # the twin is built once, on the first input set
-        self._seen: list[tuple[tuple, Expected]] = []
+        self._seen: list[tuple[tuple, Expected, float]] = []  # with the second run's seconds
+
+    def knows(self, inputs: tuple) -> bool:
+        """Whether the reference's outputs on `inputs` are made already (a check there costs
+        the candidate's call only)."""
+        return any(same_inputs(seen, inputs) for seen, _, _ in self._seen)
+
+    def call_s(self, inputs: tuple) -> float | None:
+        """The reference's wall seconds on `inputs` in its second run (warm: the first ran
+        just before), once its outputs there are made: a call's time that costs no calls."""
+        return next((s for seen, _, s in self._seen if same_inputs(seen, inputs)), None)
 
     def expected(self, inputs: tuple) -> Expected:
-        for seen, outputs in self._seen:
+        for seen, outputs, _ in self._seen:
             if same_inputs(seen, inputs):
                 return outputs
         first = _leaves(self.reference(*cloned(inputs)))
-        second = _leaves(self.reference(*cloned(inputs)))
+        again = cloned(inputs)
+        began = time.perf_counter()
+        second = _leaves(self.reference(*again))
+        second_s = time.perf_counter() - began
         exact: list[Any] | None = None
         twin = self._float64()
         if twin is not None:
@@ -270,7 +284,7 @@ class ReferenceMemo:
             except Exception as exc:
                 failures.fallback(exc, "the reference in float64", failures.anything)
                 self._twin = None
-        self._seen.append((inputs, (first, second, exact)))
+        self._seen.append((inputs, (first, second, exact), second_s))
         return first, second, exact
 
     def _float64(self) -> Callable[..., Any] | None:

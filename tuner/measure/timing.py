@@ -283,6 +283,12 @@ SINGLE = Blocks()
 # [3.64, 5.45] over eager with a pause after its own blocks only, 7.45x [7.29, 7.92] with one
 # after eager's too (7-8x in separate processes).
 POOLED = Blocks(lead_in=1, min_calls=10, settle_s=0.1)
+# A call this long is a sample of its own, calibrated from one loop (`_per_call_s`), and needs
+# no lead-in after the pause (`_calibrate`): OpenVINO on distilbert at batch 32 (0.25 s a call,
+# one thread), four interleaved comparisons of 15 s each way: over eager 1.21x [1.19, 1.24]
+# and 1.21x [1.16, 1.23] with a lead-in, 1.23x [1.19, 1.29] and 1.22x [1.20, 1.24] without;
+# against a second session of itself 1.006x and 1.007x with, 1.002x and 1.001x without.
+LONG_CALL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -369,6 +375,8 @@ def _per_call_s(sampler: Sampler, fn: Callable[[], Any], target_s: float) -> flo
     n = 1
     while True:
         per_call = once(n)
+        if n == 1 and per_call >= LONG_CALL_S:  # a sample many times over: inner is 1
+            return per_call
         if per_call * n >= target_s / 5 or n >= 1 << 20:
             return min([per_call, once(n), once(n)])
         n *= 10
@@ -380,22 +388,26 @@ def _calibrate(
     min_sample_s: float,
     round_cap_s: float,
     blocks: Blocks = SINGLE,
-) -> tuple[int, float]:
-    """Calls per sample (every variant alike) and the expected length of one round.
+) -> tuple[int, float, int]:
+    """Calls per sample (every variant alike), the expected length of one round, and the
+    lead-in calls before each sample.
 
     The fastest variant sets `inner` so that its samples last min_sample_s (and at least
     `blocks.min_calls`); the cap keeps a much slower one from making one round eat the budget.
+    No lead-in where every variant's call lasts `LONG_CALL_S` or more: the pause before a
+    sample outlasts the pools' spinning, and a lead-in would double each round's calls.
     """
     per_call = []
     for v, fn in enumerate(variants):
         previous = v - 1 if v else len(variants) - 1  # the warm-up ended with the last variant
         time.sleep(blocks.pause_after(previous, v))
         per_call.append(_per_call_s(sampler, fn, min_sample_s))
+    lead_in = 0 if min(per_call) >= LONG_CALL_S else blocks.lead_in
     pauses = blocks.pauses_per_round(len(variants))
     ideal = max(math.ceil(min_sample_s / max(min(per_call), 1e-9)), blocks.min_calls)
-    cap = math.floor(round_cap_s / max(sum(per_call), 1e-9)) - blocks.lead_in
+    cap = math.floor(round_cap_s / max(sum(per_call), 1e-9)) - lead_in
     inner = max(1, min(ideal, cap))
-    return inner, (inner + blocks.lead_in) * sum(per_call) + pauses
+    return inner, (inner + lead_in) * sum(per_call) + pauses, lead_in
 
 
 def _fit_rounds(
@@ -454,8 +466,7 @@ def run_rounds(
     stopped = "max_rounds"
     _warm_up(sampler, variants, r.warmup, time.perf_counter() + r.budget_s / 4)
     round_cap = r.budget_s / (2 * max(r.min_rounds, 1))
-    lead_in = r.blocks.lead_in
-    inner, round_s = _calibrate(sampler, variants, r.min_sample_s, round_cap, r.blocks)
+    inner, round_s, lead_in = _calibrate(sampler, variants, r.min_sample_s, round_cap, r.blocks)
     last: int | None = len(variants) - 1  # calibration ran the variants in order
     while len(agreed[0]) < r.max_rounds:
         if sampler.time_left(deadline) < round_s:

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from tuner.backends import registry as backends
 from tuner.backends.runtimes import is_runtime
 from tuner.contract.config import Figures, Verdict
+from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
 from tuner.measure.timing import (
+    POOLED,
     fixed_threads,
     process_clock_step_ns,
     steady_per_call_s,
@@ -28,9 +30,17 @@ from tuner.tuning.step_kind import StepKind
 
 # A compile is started only if its estimate leaves this much of the budget for timing it.
 MIN_TIMING_S = 2.0
-# Model calls a candidate's output check makes (3 input sets: the reference twice, the
-# candidate, the float64 reference at several times the cost), before any timing.
-CHECK_CALLS = 20
+# Model calls checking a candidate's outputs makes per distinct input set it runs on, where
+# the run has not made the reference's outputs there yet: the reference twice, its float64
+# twin (2.0-3.0x a call on one thread here: bert_mini 2.0x, distilbert at batch 64 2.1x,
+# resnet18 3.0x) and the candidate once, rounded up. Where the run has made them (its
+# `ReferenceMemo`), the candidate's call, doubled for a call slower than the one measured.
+# Planned as three sets to make where the inputs are not known; a text model's integer inputs
+# are one set, not three (`distinct_inputs`): planned as three, its checks at batch 64
+# beside two busy processes read 40 s where they take about 15.
+NEW_SET_CALLS = 7
+KNOWN_SET_CALLS = 2
+UNKNOWN_SETS = 3
 # With nothing measured, the prior is all there is. A compile in the tuner's own process, which
 # nothing can stop, is planned and started as taking half as long again as its prior
 # (ResNet-18's torch.compile took 1.3x its prior here); one in a child, stopped if it overruns,
@@ -39,12 +49,14 @@ CHECK_CALLS = 20
 IN_PROCESS_MARGIN = 1.5
 STOPPABLE_SHARE = 0.5
 # Calls of the original and of a candidate, together, that a comparison at a further size needs
-# (each: one warm-up, three calibration loops, 8 rounds of one call): with the whole-model
-# budget alone, a size whose calls take a second fitted no round (distilbert_dyn at batch 64
-# beside two busy processes: every candidate "not measured" there, and the original shipped).
-# Those are 24 calls; a third more is slack for calls slower than the one measured (at exactly
-# 24, five rounds fitted where the interval needs six).
-SIZE_CALLS = 32
+# where calls are slow (each: warm-up calls for up to a quarter of its budget, one calibration
+# call, 8 rounds of one call: `tuner.measure.timing.run_rounds`): with the whole-model budget
+# alone, a size whose calls take a second fitted no round (distilbert_dyn at batch 64 beside two
+# busy processes: every candidate "not measured" there, and the original shipped). Calls a
+# fifth slower than the one measured still fit six rounds, what the interval needs. A runtime's
+# blocks add their pauses (`POOLED`) to each round.
+SIZE_CALLS = 24
+LEAST_ROUNDS = 8
 # A head-to-head (`Judge.runoff`) gets up to this many whole-model timings.
 RUNOFF_SPAN = 3
 # Compiles made in a child process that is stopped when it overruns (tuner.backends.isolation):
@@ -62,48 +74,108 @@ STOPPABLE = backends.CHILD_BUILT
 FASTEST_PEER: dict[str, str] = {"cpu": "inductor"}
 
 
-def model_time_s(
-    run: TuningRun, baseline: Callable[..., object], captured: Captured
-) -> float | None:
-    """The original's seconds per timed call, bounding the checks and any site's time (CPU;
-    None elsewhere)."""
-    if run.device.kind != "cpu":
-        return None
-    with fixed_threads(run.options.threads):
-        return steady_per_call_s(lambda: baseline(*captured.inputs))
-
-
 class Budget:
     """The run's clock and compile estimates, asked before anything costly is started."""
 
     def __init__(self, run: TuningRun, kind: StepKind) -> None:
         self.run = run
-        self.kind = kind  # it estimates its compiles
+        self.kind = kind  # it estimates its compiles and says what its checks run on
+        self.example: Inputs | None = None  # the example's inputs, once `read_original` ran
+        self._trials: dict[int, tuple[Inputs, list[Inputs]]] = {}
+
+    def read_original(self, baseline: Callable[..., object], captured: Captured) -> None:
+        """The original's seconds per timed call (`run.model_time_s`), bounding the checks and
+        any site's time (CPU; None elsewhere), and the inputs its checks are planned on."""
+        run = self.run
+        self.example = captured.inputs
+        if run.device.kind != "cpu":
+            run.model_time_s = None
+            return
+        with fixed_threads(run.options.threads):
+            run.model_time_s = steady_per_call_s(lambda: baseline(*captured.inputs))
+
+    def check_calls(self, inputs: Inputs | None) -> int:
+        """Model calls checking one candidate's outputs on `inputs` makes: per distinct input
+        set its check runs on, NEW_SET_CALLS where the run has no reference outputs there yet,
+        else KNOWN_SET_CALLS (UNKNOWN_SETS new ones where `inputs` or the kind are not known)."""
+        if inputs is None or self.kind is None:
+            return UNKNOWN_SETS * NEW_SET_CALLS
+        if id(inputs) not in self._trials:  # kept with its inputs: the id stays theirs
+            self._trials[id(inputs)] = (inputs, self.kind.check_trials(inputs))
+        trials = self._trials[id(inputs)][1]
+        memo = self.run.references
+        known = sum(1 for t in trials if memo is not None and memo.knows(t))
+        return NEW_SET_CALLS * (len(trials) - known) + KNOWN_SET_CALLS * known
 
     def _check_s(self) -> float:
-        return CHECK_CALLS * (self.run.model_time_s or 0.0) + MIN_TIMING_S
+        calls = self.check_calls(self.example)
+        return calls * (self.run.model_time_s or 0.0) + MIN_TIMING_S
 
     def _nodes(self, cand: Candidate) -> int:
         return len(cand.transformed.gm.graph.nodes)
 
-    def size_timing_s(self, baseline: Callable[..., object], point: SizePoint) -> float:
-        """Seconds to give one comparison at a further size: the whole-model budget, or what
-        its rounds need where the original's calls there are slow (CPU: measured once per size
-        and run; elsewhere the budget alone)."""
+    def _size_call_s(self, baseline: Callable[..., object], point: SizePoint) -> float:
+        """The original's seconds per call at a further size (CPU: measured once per size and
+        run; 0 elsewhere), read as the checks' reference outputs there are made where the kind
+        keeps them: distilbert_dyn at batch 64 beside two busy processes spent 3.4 s on calls
+        that only measured it, and the first check there made the same calls again."""
         run = self.run
-        if run.remaining() < MIN_TIMING_S:  # nothing fits: no calls spent to learn by how much
-            return MIN_TIMING_S
         if run.device.kind == "cpu" and point.label not in run.size_time_s:
             with fixed_threads(run.options.threads):
-                run.size_time_s[point.label] = steady_per_call_s(lambda: baseline(*point.inputs))
-        needed = SIZE_CALLS * run.size_time_s.get(point.label, 0.0)
-        return max(MIN_TIMING_S, min(run.options.whole_model_budget_s, run.remaining()), needed)
+                made = self.kind.reference_call_s(baseline, point.inputs) if self.kind else None
+                run.size_time_s[point.label] = (
+                    made if made is not None else steady_per_call_s(lambda: baseline(*point.inputs))
+                )
+        return run.size_time_s.get(point.label, 0.0)
+
+    def least_timing_s(self, call_s: float) -> float:
+        """The least seconds a comparison whose original takes `call_s` a call is given: the
+        calls of an interval (`SIZE_CALLS`), and a runtime's pauses between blocks."""
+        pauses = LEAST_ROUNDS * POOLED.pauses_per_round(2)
+        return max(MIN_TIMING_S, SIZE_CALLS * call_s) + pauses
+
+    def size_least_s(self, baseline: Callable[..., object], point: SizePoint) -> float:
+        """The least seconds checking and comparing one candidate at a further size takes
+        for a verdict: its check and `least_timing_s`."""
+        call_s = self._size_call_s(baseline, point)
+        return self.least_timing_s(call_s) + self.size_check_s(point)
 
     def size_check_s(self, point: SizePoint) -> float:
-        """Seconds checking a candidate's outputs at a further size can take (its reference,
-        in float64 too, is made there by the first candidate checked), from the original's
-        calls there (`size_timing_s` measures them first)."""
-        return CHECK_CALLS * self.run.size_time_s.get(point.label, 0.0)
+        """Seconds checking a candidate's outputs at a further size can take (`check_calls`:
+        the first candidate checked there makes the reference's outputs, in float64 too),
+        from the original's calls there (`size_least_s` measures them first)."""
+        return self.check_calls(point.inputs) * self.run.size_time_s.get(point.label, 0.0)
+
+    def further_sizes_s(self, baseline: Callable[..., object]) -> float:
+        """The least seconds one candidate's checks and comparisons at the sizes after the
+        example's take (`size_least_s`; the original's calls there measured now, once per
+        run): what is kept for them before anything else is started."""
+        run = self.run
+        if run.remaining() < MIN_TIMING_S:  # nothing fits: no calls spent to learn by how much
+            return 0.0
+        return sum(self.size_least_s(baseline, p) for p in run.points[1:])
+
+    def timing_s(self, baseline: Callable[..., object], i: int) -> float | None:
+        """Seconds for a candidate's comparison at the run's `i`-th size, its check there paid:
+        the whole-model budget, or at a further size what its rounds need where calls there
+        are slow (`least_timing_s`), less what the sizes after it need (`size_least_s`), but
+        never below the least (distilbert_dyn at 60 s beside two busy processes: OpenVINO's
+        comparisons at batch 4 and 2 took the whole-model budget each, and batch 64 was left
+        3 s short). None for a program tuned at one size: the whole-model budget."""
+        run = self.run
+        if len(run.points) <= 1:
+            return None
+        if i == 0:
+            call_s = run.model_time_s or 0.0
+            check = self.check_calls(self.example) * call_s
+            wanted = run.timing_budget()
+        else:
+            call_s = run.size_time_s.get(run.points[i].label, 0.0)
+            check = self.size_check_s(run.points[i])
+            wanted = max(run.options.whole_model_budget_s, self.least_timing_s(call_s))
+        keep = sum(self.size_least_s(baseline, p) for p in run.points[i + 1 :])
+        least = min(self.least_timing_s(call_s), wanted)
+        return max(least, min(wanted, run.remaining() - check - keep))
 
     def check_wont_fit(self, left: float) -> str | None:
         """Why a candidate is not started: checking its outputs alone would overrun."""
@@ -174,14 +246,6 @@ class Budget:
             f"and {left:.0f} s of the time budget are left"
         )
 
-    def further_sizes_s(self, baseline: Callable[..., object]) -> float:
-        """Seconds one candidate's checks and comparisons at the sizes after the example's
-        take (the original's calls there measured now, once per run, as `size_timing_s`
-        would)."""
-        return sum(
-            self.size_timing_s(baseline, p) + self.size_check_s(p) for p in self.run.points[1:]
-        )
-
     def plan_peers(
         self,
         peers: list[Candidate],
@@ -190,10 +254,10 @@ class Budget:
     ) -> tuple[list[Candidate], list[Candidate]]:
         """(first, last): the peers built and timed before the site search, quickest first,
         as long as their compiles are expected to fit together, with, where the run tunes at
-        several sizes (and `baseline`, the original, is given), the time the first of them
-        timed needs at the other sizes kept aside (distilbert_dyn at 60 s: three peers built,
-        then 7 s left where OpenVINO's comparison at batch 64 needed 16, and the original
-        shipped, 0.73x of OpenVINO); the rest after it, with what is left. Says before
+        several sizes (and `baseline`, the original, is given), the least time one of them
+        needs at the other sizes kept aside (`further_sizes_s`; distilbert_dyn at 60 s: three
+        peers built, then 7 s left where OpenVINO's comparison at batch 64 needed 16, and the
+        original shipped, 0.73x of OpenVINO); the rest after it, with what is left. Says before
         starting what each compile is expected to cost (this machine's history, else a prior,
         scaled by the load) and, where no peer is expected to fit, the budget it would need.
         Nothing slower than what is measured ships either way."""
@@ -202,8 +266,8 @@ class Budget:
         if baseline is not None and len(run.points) > 1:
             kept = self.further_sizes_s(baseline)
             run.peer_notes.append(
-                f"{kept:.0f} s kept for timing the first peer at the {len(run.points) - 1} "
-                "other sizes"
+                f"{kept:.0f} s kept for checking and timing one candidate at the "
+                f"{len(run.points) - 1} other sizes"
             )
         left = run.remaining() - kept  # after the calls that measured it
         if run.load.shared:

@@ -26,7 +26,7 @@ from tuner.graph.shapes import spec_of
 from tuner.graph.sizes import SizePoint, size_points
 from tuner.host import failures
 from tuner.measure.equivalence import ReferenceOutputs
-from tuner.measure.inputs import fresh_inputs
+from tuner.measure.inputs import distinct_inputs, fresh_inputs
 from tuner.passes import pass_names
 from tuner.passes.apply import Transformed, apply_steps
 from tuner.search.site_search import FORWARD, Progress, SiteRun
@@ -131,6 +131,15 @@ class InferenceStep:
             )
         return built
 
+    def check_trials(self, inputs: Inputs) -> list[Inputs]:
+        return distinct_inputs([inputs, *fresh_inputs(inputs, 2)])
+
+    def reference_call_s(self, baseline: Callable[..., Any], inputs: Inputs) -> float | None:
+        memo = self.run.reference_memo(baseline)  # the baseline is the original itself
+        with torch.inference_mode():
+            memo.expected(inputs)
+        return memo.call_s(inputs)
+
     def check(
         self,
         gm0: fx.GraphModule,
@@ -138,8 +147,7 @@ class InferenceStep:
         runner: Any,
         pack: Callable[[Inputs], Inputs],
     ) -> str | None:
-        trials = [inputs, *fresh_inputs(inputs, 2)]  # the same variants every time (seeded)
-        reference = ReferenceOutputs(gm0, trials, self.run.reference_memo(gm0))
+        reference = ReferenceOutputs(gm0, self.check_trials(inputs), self.run.reference_memo(gm0))
         return reference.check(lambda *a: runner(*pack(a)))
 
     def verify(

@@ -21,7 +21,7 @@ from torch import fx
 from tuner.backends.isolation import CompileCrashed, CompileOverrun
 from tuner.backends.registry import OWN_THREAD_POOL
 from tuner.backends.runtime_build import NotForRuntime
-from tuner.contract.config import Figures, Verdict
+from tuner.contract.config import Figures, SizeFigures, Verdict
 from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
 from tuner.host import failures
@@ -182,21 +182,9 @@ class Judge:
         per_size = []
         baseline = self.kind.baseline(captured.gm)
         for i, point in enumerate(points or [SizePoint("example", {}, captured.inputs)]):
-            timing_s = self.budget.size_timing_s(baseline, point) if i else None
-            needed = None if timing_s is None else timing_s + self.budget.size_check_s(point)
-            if needed is not None and self.run.remaining() < needed:
-                # Checking and timing at a further size costs calls at that size (a batch of 64
-                # can take a second each); unmeasured, the size runs another bucket's decision
-                # or the original.
-                left = self.run.remaining()
-                reason = (
-                    OUT_OF_BUDGET
-                    if left < MIN_TIMING_S
-                    else f"checking and timing at {point.label} need about {needed:.0f} s and "
-                    f"{left:.0f} s of the time budget are left"
-                )
-                fields = {"verdict": Verdict.NOT_MEASURED, "reason": reason}
-                per_size.append(size_figures(point.label, point.sizes, fields))
+            unmeasured = self._unmeasured(baseline, point, per_size) if i else None
+            if unmeasured is not None:
+                per_size.append(size_figures(point.label, point.sizes, unmeasured))
                 continue
             at = captured.inputs if i == 0 else point.inputs
             base_s = self.run.model_time_s if i == 0 else self.run.size_time_s.get(point.label)
@@ -204,6 +192,7 @@ class Judge:
                 fields, c = looked, None
             else:
                 checked = i == 0 and looked is not None
+                timing_s = self.budget.timing_s(baseline, i)
                 fields, c = self.at(captured.gm, at, cand, runner, timing_s, base_s, checked)
             if c is not None:
                 suffix = f"@{point.label}" if i else ""
@@ -222,6 +211,36 @@ class Judge:
         verdict_, reason = combined_verdict(per_size)
         head.update(verdict=verdict_, reason=reason or head.get("reason"))
         return Figures(**fig, **head, per_size=per_size)
+
+    def _unmeasured(
+        self, baseline: Callable[..., Any], point: SizePoint, before: list[SizeFigures]
+    ) -> dict[str, Any] | None:
+        """Why a candidate is not checked and timed at a further size (None: it is). Not where
+        its least check and comparison there do not fit what is left (a batch of 64 can take
+        a second a call); nor, where what is left cannot give the further sizes to two
+        candidates, when it was not faster at the example's size: the time is kept for one
+        that was (distilbert_dyn at 60 s beside two busy processes: every pass in eager,
+        within noise at batch 4, took 20 s at batch 2 and 64, and OpenVINO, 1.21x at batch 4,
+        found none left there). Unmeasured, the size runs another bucket's decision or the
+        original."""
+        left = self.run.remaining()
+        if left < MIN_TIMING_S:
+            return {"verdict": Verdict.NOT_MEASURED, "reason": OUT_OF_BUDGET}
+        needed = self.budget.size_least_s(baseline, point)
+        if left < needed:
+            reason = (
+                f"checking and timing at {point.label} need about {needed:.0f} s and "
+                f"{left:.0f} s of the time budget are left"
+            )
+            return {"verdict": Verdict.NOT_MEASURED, "reason": reason}
+        example = before[0]
+        if example.verdict != Verdict.FASTER and left < 2 * self.budget.further_sizes_s(baseline):
+            reason = (
+                f"{example.verdict} at {example.label}: the {left:.0f} s left are kept for a "
+                "candidate faster there"
+            )
+            return {"verdict": Verdict.NOT_MEASURED, "reason": reason}
+        return None
 
     def at(
         self,

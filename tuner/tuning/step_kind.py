@@ -70,6 +70,17 @@ class StepKind(Protocol):
         """The candidate's runner (its compile made and recorded here), within `left` s."""
         ...
 
+    def check_trials(self, inputs: Inputs) -> list[Inputs]:
+        """The distinct input sets `check` runs a candidate on, from `inputs` (seeded: the
+        same every time, so the run's reference outputs on them are made once)."""
+        ...
+
+    def reference_call_s(self, baseline: Callable[..., Any], inputs: Inputs) -> float | None:
+        """The original's seconds per call on `inputs`, read as its checks' reference outputs
+        there are made (once per run: the first check there then pays its candidate's calls
+        only); None where its checks keep no such reference."""
+        ...
+
     def check(
         self,
         gm0: fx.GraphModule,

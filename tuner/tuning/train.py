@@ -195,6 +195,14 @@ class TrainingStep:
             run.compile_times.record(run.hardware_key, COMPILE_KEY, nodes, time.monotonic() - first)
         return backends.Built(runner)
 
+    def check_trials(self, inputs: Inputs) -> list[Inputs]:
+        """Each set one step, the state carried on: a set equal to an earlier one is a step of
+        its own, so all are kept."""
+        return [inputs, *fresh_inputs(inputs, 2)]
+
+    def reference_call_s(self, baseline: Callable[..., Any], inputs: Inputs) -> float | None:
+        return None  # its reference is steps, made once at the example's size
+
     def check(
         self,
         gm0: fx.GraphModule,
@@ -205,8 +213,7 @@ class TrainingStep:
         """The candidate's training step against the original's: outputs, loss, gradients and
         the state after the optimizer step."""
         if self._reference is None:
-            trials = [inputs, *fresh_inputs(inputs, 2)]
-            self._reference = ReferenceSteps(gm0, self.optimizer, trials)
+            self._reference = ReferenceSteps(gm0, self.optimizer, self.check_trials(inputs))
         return self._reference.check(runner, pack)
 
     def verify(

@@ -48,7 +48,7 @@ from tuner.tuning.bucketing import (
     DispatchCost,
     bucketed,
 )
-from tuner.tuning.budget import Budget, model_time_s
+from tuner.tuning.budget import Budget
 from tuner.tuning.candidates import Candidate, compile_key, identity, size_candidates
 from tuner.tuning.choose import choose
 from tuner.tuning.judge import Judge
@@ -154,7 +154,7 @@ class Tuner:
             if run.device.kind != "cpu":
                 program = on_device(program, run.device.torch_device)
             captured = kind.capture(program, say)
-            run.model_time_s = model_time_s(run, kind.baseline(captured.gm), captured)
+            self.budget.read_original(kind.baseline(captured.gm), captured)
         if run.options.children is not None and _builds_runtimes(run.options):
             # Started once the original's call time is read: that time bounds every check and
             # glance of the run, and read while this child imported torch it was 1.8-2x its

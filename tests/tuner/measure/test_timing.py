@@ -86,7 +86,7 @@ def test_rounds_shrink_when_calibration_was_optimistic(monkeypatch: pytest.Monke
     def nap() -> None:
         time.sleep(0.001)
 
-    monkeypatch.setattr(measure, "_calibrate", lambda *args: (50, 0.001))
+    monkeypatch.setattr(measure, "_calibrate", lambda *args: (50, 0.001, 0))
     started = time.perf_counter()
     c = compare(nap, nap, budget_s=0.5, min_rounds=8, target_rel_ci=0.0)
     assert time.perf_counter() - started <= 0.5 + 0.15

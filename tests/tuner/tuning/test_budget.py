@@ -331,7 +331,14 @@ def test_at_several_sizes_the_first_peers_timing_there_is_kept_before_peers_are_
     from types import SimpleNamespace
 
     from tuner.graph.sizes import SizePoint
-    from tuner.tuning.budget import SIZE_CALLS, Budget
+    from tuner.tuning.budget import (
+        LEAST_ROUNDS,
+        MIN_TIMING_S,
+        NEW_SET_CALLS,
+        SIZE_CALLS,
+        UNKNOWN_SETS,
+        Budget,
+    )
 
     graph = SimpleNamespace(gm=SimpleNamespace(graph=SimpleNamespace(nodes=[None] * 100)))
     peers = [
@@ -355,10 +362,82 @@ def test_at_several_sizes_the_first_peers_timing_there_is_kept_before_peers_are_
     )
     budget = Budget(run, None)  # type: ignore[arg-type]
     kept = budget.further_sizes_s(lambda: None)
-    assert kept == pytest.approx(6.0 + 20 * 0.005 + SIZE_CALLS * 0.25 + 20 * 0.25)
+    check = UNKNOWN_SETS * NEW_SET_CALLS  # no inputs to count the sets on: three to make
+    pauses = LEAST_ROUNDS * 2 * 0.1  # a runtime's blocks: a pause before each
+    assert budget.least_timing_s(0.005) == pytest.approx(MIN_TIMING_S + pauses)
+    assert budget.least_timing_s(0.25) == pytest.approx(SIZE_CALLS * 0.25 + pauses)
+    least = budget.least_timing_s(0.005) + budget.least_timing_s(0.25)
+    assert kept == pytest.approx(least + check * (0.005 + 0.25))
     first, last = budget.plan_peers(peers, lambda _f, _m: None, lambda: None)  # type: ignore[arg-type]
     assert [c.name for c in first] == ["openvino", "onnxruntime"]
     assert [c.name for c in last] == ["compile"]
-    assert run.peer_notes[0] == "19 s kept for timing the first peer at the 2 other sizes"
+    assert run.peer_notes[0] == (
+        "17 s kept for checking and timing one candidate at the 2 other sizes"
+    )
     first, _ = budget.plan_peers(peers, lambda _f, _m: None)  # type: ignore[arg-type]
     assert len(first) == 3  # without the original to time, nothing is kept
+
+
+def test_a_check_is_planned_by_the_input_sets_it_runs_on_and_the_references_made() -> None:
+    """distilbert_dyn at batch 64 beside two busy processes: its check was planned as three
+    input sets with their reference outputs to make (40 s with the comparison); its inputs are
+    token ids, so the fresh sets are the same one, and once the first candidate made the
+    reference's outputs there, the next one's check is its own call."""
+    from types import SimpleNamespace
+
+    from tuner.measure.equivalence import ReferenceMemo
+    from tuner.tuning.budget import KNOWN_SET_CALLS, NEW_SET_CALLS, Budget
+    from tuner.tuning.inference import InferenceStep
+
+    run = SimpleNamespace(references=None)
+    kind = InferenceStep(run)  # type: ignore[arg-type]
+    budget = Budget(run, kind)  # type: ignore[arg-type]
+    ids = (torch.randint(0, 100, (4, 8)), torch.ones(4, 8, dtype=torch.long))
+    images = (torch.randn(2, 3, 8, 8),)
+    assert budget.check_calls(ids) == NEW_SET_CALLS
+    assert budget.check_calls(images) == 3 * NEW_SET_CALLS
+    run.references = ReferenceMemo(lambda x: x * 2)
+    run.references.expected(kind.check_trials(images)[0])
+    assert budget.check_calls(images) == KNOWN_SET_CALLS + 2 * NEW_SET_CALLS
+    for trial in kind.check_trials(images):
+        run.references.expected(trial)
+    assert budget.check_calls(images) == 3 * KNOWN_SET_CALLS
+    assert Budget(run, None).check_calls(images) == 3 * NEW_SET_CALLS  # type: ignore[arg-type]
+
+
+def test_a_further_sizes_call_time_is_read_as_the_checks_reference_there_is_made() -> None:
+    """distilbert_dyn at batch 64 beside two busy processes spent 3.4 s on calls that only
+    measured the original there, and the first check there made the same calls again."""
+    from types import SimpleNamespace
+
+    from tuner.graph.sizes import SizePoint
+    from tuner.measure.equivalence import ReferenceMemo
+    from tuner.tuning.budget import KNOWN_SET_CALLS, NEW_SET_CALLS, Budget
+    from tuner.tuning.inference import InferenceStep
+
+    class Recorded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dtypes: list[torch.dtype] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.dtypes.append(x.dtype)
+            return x * 2
+
+    original = Recorded()
+    memo = ReferenceMemo(original)
+    run = SimpleNamespace(
+        references=memo,
+        reference_memo=lambda reference: memo,
+        device=SimpleNamespace(kind="cpu"),
+        size_time_s={},
+        options=SimpleNamespace(threads=1),
+    )
+    budget = Budget(run, InferenceStep(run))  # type: ignore[arg-type]
+    point = SizePoint("batch=64", {"batch": 64}, (torch.randn(64, 8),))
+    call_s = budget._size_call_s(original, point)
+    assert call_s == run.size_time_s["batch=64"] == memo.call_s(point.inputs)
+    assert original.dtypes.count(torch.float32) == 2  # the reference's own two runs, no more
+    assert budget.check_calls(point.inputs) == KNOWN_SET_CALLS + 2 * NEW_SET_CALLS
+    assert budget._size_call_s(original, point) == call_s  # once per size and run
+    assert original.dtypes.count(torch.float32) == 2

@@ -106,3 +106,86 @@ def test_peers_are_built_then_timed_fastest_first_and_a_clearly_beaten_one_is_no
         "the order they are timed in: inductor 0.5 ms, onnxruntime 0.7 ms"
         in (judge.run.peer_notes[0])
     )
+
+
+def _sized_judge(left: float) -> Any:
+    """A Judge at three sizes whose original's calls there are known (no calls made), with
+    `left` seconds of the budget left."""
+    from types import SimpleNamespace
+
+    from tuner.graph.sizes import SizePoint
+    from tuner.tuning.budget import Budget
+    from tuner.tuning.judge import Judge
+
+    run = SimpleNamespace(
+        model_time_s=0.03,
+        remaining=lambda: left,
+        timing_budget=lambda: 6.0,
+        options=SimpleNamespace(whole_model_budget_s=6.0),
+        device=SimpleNamespace(kind="cpu"),
+        points=[SizePoint(label, {}, ()) for label in ("batch=4", "batch=2", "batch=64")],
+        size_time_s={"batch=2": 0.02, "batch=64": 0.5},
+    )
+    return Judge(run, None, Budget(run, None))  # type: ignore[arg-type]
+
+
+def test_a_further_size_is_measured_where_its_least_check_and_rounds_fit() -> None:
+    """distilbert_dyn at 60 s beside two busy processes: at batch 2 "checking and timing need
+    about 5 s and 5 s are left" (the whole-model budget, cut to what was left, and the check
+    on top); a comparison there needs 2 s for an interval."""
+    from tuner.contract.config import SizeFigures
+    from tuner.tuning.budget import MIN_TIMING_S
+
+    judge = _sized_judge(left=5.0)
+    faster = [SizeFigures(label="batch=4", sizes={}, verdict="faster")]
+    batch2, batch64 = judge.run.points[1:]
+    assert judge._unmeasured(lambda: None, batch2, faster) is None
+    least = judge.budget.least_timing_s
+    assert judge.budget.timing_s(lambda: None, 1) == pytest.approx(least(0.02))
+    assert least(0.02) >= MIN_TIMING_S
+    far = judge._unmeasured(lambda: None, batch64, faster)
+    assert far["verdict"] == "not measured"
+    assert (
+        far["reason"]
+        == "checking and timing at batch=64 need about 24 s and 5 s of the time budget are left"
+    )
+
+
+def test_the_further_sizes_are_kept_for_a_candidate_faster_at_the_example() -> None:
+    """Every pass in eager, within noise at batch 4, took 20 s at batch 2 and 64, and OpenVINO,
+    1.21x at batch 4, found none left there: where what is left cannot give the further sizes
+    to two candidates, one not faster at the example's size does not get them."""
+    from tuner.contract.config import SizeFigures
+
+    noise = [SizeFigures(label="batch=4", sizes={}, verdict="within noise")]
+    faster = [SizeFigures(label="batch=4", sizes={}, verdict="faster")]
+    tight = _sized_judge(left=40.0)  # the further sizes need about 28 s, twice 56
+    batch2 = tight.run.points[1]
+    kept = tight._unmeasured(lambda: None, batch2, noise)
+    assert kept["verdict"] == "not measured"
+    assert kept["reason"] == (
+        "within noise at batch=4: the 40 s left are kept for a candidate faster there"
+    )
+    assert tight._unmeasured(lambda: None, batch2, faster) is None
+    assert _sized_judge(left=60.0)._unmeasured(lambda: None, batch2, noise) is None
+    assert _sized_judge(left=1.0)._unmeasured(lambda: None, batch2, faster)["reason"] == (
+        "time budget spent"
+    )
+
+
+def test_each_size_is_timed_with_what_the_sizes_after_it_leave() -> None:
+    """distilbert_dyn at 60 s beside two busy processes: OpenVINO's comparisons at batch 4 and 2
+    took the whole-model budget each, and batch 64 was left 3 s short."""
+    from tuner.tuning.budget import NEW_SET_CALLS, UNKNOWN_SETS
+
+    judge = _sized_judge(left=30.0)
+    budget, least = judge.budget, judge.budget.least_timing_s
+    checks = UNKNOWN_SETS * NEW_SET_CALLS  # calls per check (no inputs to count the sets on)
+    at64 = least(0.5) + checks * 0.5
+    assert budget.timing_s(lambda: None, 2) == pytest.approx(least(0.5))  # slow: its rounds
+    assert budget.timing_s(lambda: None, 1) == pytest.approx(30.0 - checks * 0.02 - at64)
+    assert budget.timing_s(lambda: None, 0) == pytest.approx(least(0.03))  # the least
+    roomy = _sized_judge(left=100.0).budget
+    assert roomy.timing_s(lambda: None, 0) == roomy.timing_s(lambda: None, 1) == 6.0
+    judge.run.points = judge.run.points[:1]
+    assert budget.timing_s(lambda: None, 0) is None  # one size: the whole-model budget
