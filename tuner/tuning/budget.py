@@ -130,8 +130,9 @@ class Budget:
 
     def least_timing_s(self, call_s: float) -> float:
         """The least seconds a comparison whose original takes `call_s` a call is given: the
-        calls of an interval (`SIZE_CALLS`), and a runtime's pauses between blocks."""
-        pauses = LEAST_ROUNDS * POOLED.pauses_per_round(2)
+        calls of an interval (`SIZE_CALLS`), and on a CPU a runtime's pauses between blocks."""
+        pooled = self.run.device.kind == "cpu"  # the runtimes are CPU backends
+        pauses = LEAST_ROUNDS * POOLED.pauses_per_round(2) if pooled else 0.0
         return max(MIN_TIMING_S, SIZE_CALLS * call_s) + pauses
 
     def size_least_s(self, baseline: Callable[..., object], point: SizePoint) -> float:

@@ -176,7 +176,9 @@ def test_the_further_sizes_are_kept_for_a_candidate_faster_at_the_example() -> N
 def test_each_size_is_timed_with_what_the_sizes_after_it_leave() -> None:
     """distilbert_dyn at 60 s beside two busy processes: OpenVINO's comparisons at batch 4 and 2
     took the whole-model budget each, and batch 64 was left 3 s short."""
-    from tuner.tuning.budget import NEW_SET_CALLS, UNKNOWN_SETS
+    from types import SimpleNamespace
+
+    from tuner.tuning.budget import MIN_TIMING_S, NEW_SET_CALLS, UNKNOWN_SETS
 
     judge = _sized_judge(left=30.0)
     budget, least = judge.budget, judge.budget.least_timing_s
@@ -189,3 +191,5 @@ def test_each_size_is_timed_with_what_the_sizes_after_it_leave() -> None:
     assert roomy.timing_s(lambda: None, 0) == roomy.timing_s(lambda: None, 1) == 6.0
     judge.run.points = judge.run.points[:1]
     assert budget.timing_s(lambda: None, 0) is None  # one size: the whole-model budget
+    judge.run.device = SimpleNamespace(kind="cuda")  # no runtime, no pauses between blocks
+    assert budget.least_timing_s(0.0) == MIN_TIMING_S
