@@ -71,8 +71,9 @@ class StepKind(Protocol):
         ...
 
     def check_trials(self, inputs: Inputs) -> list[Inputs]:
-        """The distinct input sets `check` runs a candidate on, from `inputs` (seeded: the
-        same every time, so the run's reference outputs on them are made once)."""
+        """The input sets `check` runs a candidate on, from `inputs` (seeded: the same every
+        time, so the run's reference outputs on them are made once; a budget plans the check
+        by them)."""
         ...
 
     def reference_call_s(self, baseline: Callable[..., Any], inputs: Inputs) -> float | None:
