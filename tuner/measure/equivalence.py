@@ -257,20 +257,25 @@ class ReferenceMemo:
         self._twin_tried = False  # the twin is built once, on the first input set
         self._seen: list[tuple[tuple, Expected, float]] = []  # with the second run's seconds
 
+    def _made(self, inputs: tuple) -> tuple[Expected, float] | None:
+        """The outputs made on `inputs` and the second run's seconds, or None."""
+        return next(((e, s) for seen, e, s in self._seen if same_inputs(seen, inputs)), None)
+
     def knows(self, inputs: tuple) -> bool:
         """Whether the reference's outputs on `inputs` are made already (a check there costs
         the candidate's call only)."""
-        return any(same_inputs(seen, inputs) for seen, _, _ in self._seen)
+        return self._made(inputs) is not None
 
     def call_s(self, inputs: tuple) -> float | None:
         """The reference's wall seconds on `inputs` in its second run (warm: the first ran
         just before), once its outputs there are made: a call's time that costs no calls."""
-        return next((s for seen, _, s in self._seen if same_inputs(seen, inputs)), None)
+        made = self._made(inputs)
+        return None if made is None else made[1]
 
     def expected(self, inputs: tuple) -> Expected:
-        for seen, outputs, _ in self._seen:
-            if same_inputs(seen, inputs):
-                return outputs
+        made = self._made(inputs)
+        if made is not None:
+            return made[0]
         first = _leaves(self.reference(*cloned(inputs)))
         again = cloned(inputs)
         began = time.perf_counter()
