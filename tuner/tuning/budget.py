@@ -213,9 +213,10 @@ class Budget:
         ]
 
     def runoff_s(self, left: float) -> float | None:
-        """Seconds for a head-to-head between two tied candidates (`Judge.runoff`), leaving
-        twice a check for verifying what ships; None where the least timing does not fit. Up
-        to RUNOFF_SPAN whole-model timings: a tie is what the first one could not settle."""
+        """Seconds for a head-to-head between the two candidates the choice hinges on
+        (`Judge.runoff`), leaving twice a check for verifying what ships; None where the least
+        timing does not fit. Up to RUNOFF_SPAN whole-model timings: the two may be as close
+        as their comparisons against the original could not tell apart."""
         spare = left - 2 * self._check_s()
         if spare < MIN_TIMING_S:
             return None

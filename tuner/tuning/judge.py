@@ -5,8 +5,8 @@ the original (the step kind's check; a wrong one is never timed) and then timed,
 the original's call (`tuner.measure.timing.compare`). Its verdict across sizes is the never-worse
 one (`tuner.search.across_sizes`). A candidate that cannot be started within the budget, or whose
 build overruns or crashes, is recorded with the reason instead. Where the choice hinges on two
-candidates that tie against the original, `runoff` times them against each other
-(`tuner.tuning.choose.Contest`).
+candidates, each timed against the original in a comparison of its own, `runoff` times them
+against each other (`tuner.tuning.choose.Contest`).
 """
 
 from __future__ import annotations
@@ -316,8 +316,8 @@ class Judge:
         figures: list[Figures],
         say: Progress,
     ) -> Runoff | None:
-        """The two candidates a tie leaves the choice to, timed head to head on the example's
-        inputs, where the budget leaves room for that and for verifying what ships."""
+        """The two candidates the choice hinges on (`contest`), timed head to head on the
+        example's inputs, where the budget leaves room for that and for verifying what ships."""
         found = contest(captured, candidates, figures, self.run.options.epsilon)
         budget_s = self.budget.runoff_s(self.run.remaining())
         if found is None or budget_s is None:

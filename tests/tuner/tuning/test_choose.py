@@ -15,7 +15,7 @@ from tuner.host.load import CoreLoad
 from tuner.measure.verdicts import Comparison
 from tuner.passes.apply import Transformed
 from tuner.tuning.candidates import Candidate
-from tuner.tuning.choose import Contest, Runoff, choose, contest, margin
+from tuner.tuning.choose import CROSS_DRIFT, Contest, Runoff, choose, contest, margin
 from tuner.tuning.run import Captured
 from tuner.tuning.tuner import TuneOptions, Tuner, tuning_session
 
@@ -44,17 +44,22 @@ def head_to_head(speedup: float, low: float, high: float, rounds: int = 30) -> C
     return Comparison([1.0], [1.0], speedup, low, high, rounds, "converged")
 
 
-def test_a_candidate_with_passes_replaces_the_best_peer_only_beyond_its_noise() -> None:
-    """Each candidate is timed against the original, not against the peer: 1.61x (interval
-    1.58-1.64) against the peer's 1.60x is a tie, and the peer ships; 1.70x (1.65-1.75) is not."""
+def test_without_a_head_to_head_a_rewrite_replaces_the_best_peer_only_far_beyond_it() -> None:
+    """Each candidate is timed against the original in a comparison of its own: 1.61x
+    (interval 1.58-1.64) against the peer's 1.60x is a tie, and so is 1.74x (1.70-1.78), the
+    bert_mini case that `make bench` then timed at 0.96x of the peer; the rewrite ships only
+    where its interval lies `CROSS_DRIFT` times above the peer's speedup."""
     peer, passes = INDUCTOR, PASSES
     notes: list[str] = []
     tie = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.61, 1.58, 1.64)]
     assert choose(CAPTURED, [peer, passes], tie, notes)[1] is peer
-    assert "the peer ships" in notes[-1]
-    clear = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.70, 1.65, 1.75)]
+    assert notes[-1].endswith("less than 1.25x apart, so the peer ships")
+    apart = [fig("inductor", 1.58, 1.55, 1.61), fig("compile + every pass", 1.74, 1.70, 1.78)]
+    assert choose(CAPTURED, [peer, passes], apart, notes)[1] is peer
+    assert CROSS_DRIFT * 1.60 < 2.05
+    clear = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 2.1, 2.05, 2.15)]
     assert choose(CAPTURED, [peer, passes], clear, notes)[1] is passes
-    assert len(notes) == 1
+    assert len(notes) == 2
     slower = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 1.7, 0.9, 2.0)]
     slower[1] = slower[1].model_copy(update={"verdict": "within noise"})
     assert choose(CAPTURED, [peer, passes], slower, notes)[1] is peer
@@ -63,10 +68,31 @@ def test_a_candidate_with_passes_replaces_the_best_peer_only_beyond_its_noise() 
     assert chosen.name == "original" and fig_.verdict == "within noise"
 
 
-def test_the_contest_is_the_tie_the_choice_hinges_on() -> None:
+def test_a_rewrite_faster_than_the_best_peer_is_always_timed_against_it() -> None:
+    """However far apart their figures over the original lie, the rewrite and the peer are
+    timed head to head, and the peer ships where the rewrite loses there (the recommendation
+    model read its rewrite 1.48x AOTInductor by their ratios over the original and 1.80x head to
+    head: the drift goes both ways)."""
+    cands = [INDUCTOR, PASSES]
+    figures = [fig("inductor", 1.60, 1.57, 1.63), fig("compile + every pass", 2.4, 2.3, 2.5)]
+    found = contest(CAPTURED, cands, figures, EPS)
+    assert found is not None and not found.peers
+    assert found.holder[1] is INDUCTOR and found.challenger[1] is PASSES
+    notes: list[str] = []
+    lost = Runoff(found, head_to_head(1.01, 0.99, 1.03))
+    assert choose(CAPTURED, cands, figures, notes, lost)[1] is INDUCTOR
+    assert notes[-1].endswith("so inductor ships")
+    won = Runoff(found, head_to_head(1.45, 1.40, 1.50))
+    assert choose(CAPTURED, cands, figures, notes, won)[1] is PASSES
+    no_round = Runoff(found, head_to_head(0.0, 0.0, float("inf"), rounds=0))
+    assert choose(CAPTURED, cands, figures, notes, no_round)[1] is PASSES  # far apart
+
+
+def test_the_contest_is_the_pair_the_choice_hinges_on() -> None:
     """Two peers within each other's noise (1.097x and 1.093x: albert_small at 300 s, where
-    AOTInductor was 2 % faster side by side); a candidate with passes within the best peer's
-    noise; none where the winner clears the rest, or where there is no peer to beat."""
+    AOTInductor was 2 % faster side by side) or within `CROSS_DRIFT` of each other; a
+    candidate with passes against the best peer; none where the best peer is that far clear of
+    the rest, or where there is no peer to beat."""
     cands = [INDUCTOR, COMPILE, PASSES]
     peers = [fig("inductor", 1.093, 1.07, 1.11), fig("compile", 1.097, 1.08, 1.12)]
     found = contest(CAPTURED, cands, [*peers, fig("compile + every pass", 1.04, 1.03, 1.05)], EPS)
@@ -76,6 +102,9 @@ def test_the_contest_is_the_tie_the_choice_hinges_on() -> None:
     found = contest(CAPTURED, cands, passes_tie, EPS)
     assert found is not None and not found.peers
     assert found.holder[1] is COMPILE and found.challenger[1] is PASSES
+    near = [fig("inductor", 1.6, 1.55, 1.65), fig("compile", 1.35, 1.33, 1.37)]
+    found = contest(CAPTURED, cands, [*near, fig("compile + every pass", 1.1, 1.05, 1.15)], EPS)
+    assert found is not None and found.peers and found.challenger[1] is COMPILE
     clear = [fig("inductor", 1.6, 1.55, 1.65), fig("compile", 1.2, 1.18, 1.22)]
     assert (
         contest(CAPTURED, cands, [*clear, fig("compile + every pass", 1.1, 1.05, 1.15)], EPS)
