@@ -85,7 +85,12 @@ class Budget:
 
     def read_original(self, baseline: Callable[..., object], captured: Captured) -> None:
         """The original's seconds per timed call (`run.model_time_s`), bounding the checks and
-        any site's time (CPU; None elsewhere), and the inputs its checks are planned on."""
+        any site's time (CPU; None elsewhere), and the inputs its checks are planned on; and
+        its call at each further size (`_size_call_s`). Read before the run starts any child:
+        read while the runtimes' serving child imported, recsys_dyn's call at batch 4096 took
+        18-134 ms where it takes 9-11 ms, and a zoo run kept 25 s of its 60 for that size
+        (4 s in the runs before and after), so AOTInductor did not fit and the original
+        shipped, 0.47x of it."""
         run = self.run
         self.example = captured.inputs
         if run.device.kind != "cpu":
@@ -93,6 +98,8 @@ class Budget:
             return
         with fixed_threads(run.options.threads):
             run.model_time_s = steady_per_call_s(lambda: baseline(*captured.inputs))
+        for point in run.points[1:]:
+            self._size_call_s(baseline, point)
 
     def check_calls(self, inputs: Inputs | None) -> int:
         """Model calls checking one candidate's outputs on `inputs` makes: per distinct input
@@ -149,8 +156,9 @@ class Budget:
 
     def further_sizes_s(self, baseline: Callable[..., object]) -> float:
         """The least seconds one candidate's checks and comparisons at the sizes after the
-        example's take (`size_least_s`; the original's calls there measured now, once per
-        run): what is kept for them before anything else is started."""
+        example's take (`size_least_s`; the original's calls there as `read_original` read
+        them, else now, once per run): what is kept for them before anything else is
+        started."""
         run = self.run
         if run.remaining() < MIN_TIMING_S:  # nothing fits: no calls spent to learn by how much
             return 0.0

@@ -156,9 +156,9 @@ class Tuner:
             captured = kind.capture(program, say)
             self.budget.read_original(kind.baseline(captured.gm), captured)
         if run.options.children is not None and _builds_runtimes(run.options):
-            # Started once the original's call time is read: that time bounds every check and
-            # glance of the run, and read while this child imported torch it was 1.8-2x its
-            # quiet figure (the zoo's dlrm: 8.3-9.5 ms against 3.7-4.7 ms).
+            # Started once the original's call times are read, at every size: they bound every
+            # check and glance of the run, and read while this child imported torch one was
+            # 1.8-2x its quiet figure (the zoo's dlrm: 8.3-9.5 ms against 3.7-4.7 ms).
             run.options.children.start_serving()
         search, run.candidates, figures = self._search_and_judge(captured, say)
         runoff = self.judge.runoff(captured, run.candidates, figures, say)
