@@ -160,7 +160,7 @@ class Budget:
         them, else now, once per run): what is kept for them before anything else is
         started."""
         run = self.run
-        if run.remaining() < MIN_TIMING_S:  # nothing fits: no calls spent to learn by how much
+        if run.remaining() < MIN_TIMING_S:  # nothing fits: nothing kept, no calls made here
             return 0.0
         return sum(self.size_least_s(baseline, p) for p in run.points[1:])
 
