@@ -114,7 +114,9 @@ class Budget:
         known = sum(1 for t in trials if memo is not None and memo.knows(t))
         return NEW_SET_CALLS * (len(trials) - known) + KNOWN_SET_CALLS * known
 
-    def _check_s(self) -> float:
+    def check_s(self) -> float:
+        """Seconds checking one candidate's outputs at the example's size and its least
+        timing take: what starting one needs besides its build."""
         calls = self.check_calls(self.example)
         return calls * (self.run.model_time_s or 0.0) + MIN_TIMING_S
 
@@ -190,7 +192,7 @@ class Budget:
         """Why a candidate is not started: checking its outputs alone would overrun."""
         if self.run.model_time_s is None:
             return None
-        needed = self._check_s()
+        needed = self.check_s()
         if needed <= left:
             return None
         return (
@@ -225,14 +227,14 @@ class Budget:
         (`Judge.runoff`), leaving twice a check for verifying what ships; None where the least
         timing does not fit. Up to RUNOFF_SPAN whole-model timings: the two may be as close
         as their comparisons against the original could not tell apart."""
-        spare = left - 2 * self._check_s()
+        spare = left - 2 * self.check_s()
         if spare < MIN_TIMING_S:
             return None
         return min(RUNOFF_SPAN * self.run.options.whole_model_budget_s, spare)
 
     def build_timeout(self, left: float) -> float:
         """Seconds a build may take: what is left once its outputs are checked and timed."""
-        return max(left - self._check_s(), 1.0)
+        return max(left - self.check_s(), 1.0)
 
     def compile_wont_fit(self, cand: Candidate, left: float) -> str | None:
         """Why a compile is not started (its estimate exceeds what is left), or None."""
@@ -311,10 +313,18 @@ class Budget:
             note = f"{cand.backend}: compile estimated at {estimate:.0f} s ({source})"
             run.peer_notes.append(note)
         planned = {c.backend: self._planned(c) for c in peers if c.backend in estimates}
-        first, last = self._quickest_first(peers, planned, left, [])
+        # Grouped by what starting each needs (`compile_wont_fit`): a build in a child with
+        # nothing measured starts where STOPPABLE_SHARE of its prior fits. Grouped by the whole
+        # prior, recsys_dyn's first run at 60 s put AOTInductor (prior 23 s, built in 20) after
+        # the runtimes and the passes, where it never fitted: 0.56x of it shipped.
+        starts = {
+            b: STOPPABLE_SHARE * s if b in STOPPABLE and b not in measured_here else s
+            for b, s in planned.items()
+        }
+        first, last = self._quickest_first(peers, planned, starts, left, [])
         fastest = self._fastest_that_fits(last, planned, measured_here, left)
         if fastest is not None:
-            first, last = self._quickest_first(peers, planned, left, [fastest])
+            first, last = self._quickest_first(peers, planned, starts, left, [fastest])
             run.peer_notes.append(
                 f"{fastest.backend} goes first though it is not the quickest to build: it is "
                 f"expected to run fastest on a {run.device.kind}, and this machine's builds of "
@@ -331,7 +341,7 @@ class Budget:
         elif planned:  # none fits: the quickest compile says what budget would
             quickest = min(planned, key=planned.__getitem__)
             used = run.options.budget_s * (1 - FINISH_SHARE) - left
-            needed = (used + planned[quickest] + self._check_s()) / (1 - FINISH_SHARE)
+            needed = (used + planned[quickest] + self.check_s()) / (1 - FINISH_SHARE)
             run.peer_notes.append(
                 f"no peer is expected to fit: {quickest} needs about {planned[quickest]:.0f} s "
                 f"and {left:.0f} s are left for tuning; a budget of about {needed:.0f} s would "
@@ -345,16 +355,18 @@ class Budget:
         self,
         peers: list[Candidate],
         planned: dict[str, float],
+        starts: dict[str, float],
         left: float,
         chosen: list[Candidate],
     ) -> tuple[list[Candidate], list[Candidate]]:
-        """(first, last): `chosen`, then the quickest builds, as long as they fit together."""
+        """(first, last): `chosen`, then the quickest builds (`planned`), as long as what each
+        is started with (`starts`) fits together."""
         first, last = list(chosen), []
-        spent = sum(planned.get(c.backend, 0.0) + self._check_s() for c in chosen)
+        spent = sum(starts.get(c.backend, 0.0) + self.check_s() for c in chosen)
         for cand in sorted(peers, key=lambda c: planned.get(c.backend, 0.0)):
             if cand in chosen:
                 continue
-            cost = planned.get(cand.backend, 0.0) + self._check_s()
+            cost = starts.get(cand.backend, 0.0) + self.check_s()
             if spent + cost <= left:
                 first.append(cand)
                 spent += cost
@@ -381,7 +393,7 @@ class Budget:
         for cand in last:
             if cand.backend != name or cand.backend not in measured_here:
                 continue
-            if planned[cand.backend] + self._check_s() <= left:
+            if planned[cand.backend] + self.check_s() <= left:
                 return cand
         return None
 
@@ -392,12 +404,12 @@ class Budget:
         budget the search could otherwise leave no time for either (resnet18 at 60 s beside two
         busy processes: every pass in eager, 1.2x over the original at 300 s, was skipped)."""
         eager = [c for c in blind if c.passes and c.backend == "eager"]
-        first = eager[:1] if eager and self._check_s() <= self.run.remaining() else []
+        first = eager[:1] if eager and self.check_s() <= self.run.remaining() else []
         if first:
             note = f"{first[0].name} needs no compile: it goes first"
             self.run.peer_notes.append(note)
             say(0.05, f"peers: {note}")
-        return first + self.affordable_stand_in(blind, say, spent=self._check_s() if first else 0)
+        return first + self.affordable_stand_in(blind, say, spent=self.check_s() if first else 0)
 
     def uncompiled_with_passes(
         self, blind: list[Candidate], first: list[Candidate], say: Progress
@@ -411,9 +423,9 @@ class Budget:
         spent = 0.0
         for cand in blind:
             if cand.passes and cand.backend in uncompiled:
-                if spent + self._check_s() > self.run.remaining():
+                if spent + self.check_s() > self.run.remaining():
                     break
-                spent += self._check_s()
+                spent += self.check_s()
                 chosen.append(cand)
                 note = f"{cand.name} needs no compile: it is judged with the peers"
                 self.run.peer_notes.append(note)
@@ -437,7 +449,7 @@ class Budget:
             if cand.backend not in backends.COMPILING:
                 continue
             estimate = self._planned(cand)
-            if estimate + self._check_s() <= left:
+            if estimate + self.check_s() <= left:
                 priced.append((estimate, cand))
         if not priced:
             return []
@@ -468,8 +480,8 @@ class Budget:
         ]
         best = max(faster, key=lambda sc: sc[0])[1] if faster else None
         # At least one candidate after the search is built, checked and timed (eager needs no
-        # compile; `_check_s` includes the least timing worth starting).
-        after = 2 * building_s + self._check_s()
+        # compile; `check_s` includes the least timing worth starting).
+        after = 2 * building_s + self.check_s()
         reserve = max(0.5 * left, after)
         if best is not None and best.backend in backends.COMPILING:
             nodes = self._nodes(best)

@@ -322,7 +322,57 @@ def test_the_fastest_peer_goes_first_where_its_measured_build_fits_alone() -> No
     assert plan(measured, kind="cuda")[:2] == (["compile"], ["inductor"])
     guessed = CompileTimes(None)  # the prior says AOTInductor fits alone: not enough
     guessed.record("hw", "compile", nodes=100, seconds=15.0)
-    assert plan(guessed, left=30.0)[:2] == (["compile"], ["inductor"])
+    assert plan(guessed, left=25.0)[:2] == (["compile"], ["inductor"])
+
+
+def test_a_build_in_a_child_with_nothing_measured_goes_first_where_half_its_prior_fits() -> None:
+    """recsys_dyn's first run at 60 s (no compile history): the runtimes went first and
+    AOTInductor, planned at its whole prior (23 s), after the passes, where it never fitted;
+    the original with the passes shipped at 0.56x of it. It is started where half its prior
+    fits (`compile_wont_fit`), and is grouped so; torch.compile, in this process, is not."""
+    from types import SimpleNamespace
+
+    from tuner.backends.compile_time import PRIORS
+    from tuner.tuning.budget import IN_PROCESS_MARGIN, STOPPABLE_SHARE, Budget
+
+    nodes = 250
+    graph = SimpleNamespace(gm=SimpleNamespace(graph=SimpleNamespace(nodes=[None] * nodes)))
+    peers = [
+        SimpleNamespace(name=b, backend=b, passes=[], transformed=graph)
+        for b in ("inductor", "compile", "openvino", "onnxruntime")
+    ]
+
+    def plan(left: float) -> tuple[list[str], list[str]]:
+        run = SimpleNamespace(
+            model_time_s=0.002,
+            peer_notes=[],
+            remaining=lambda: left,
+            load=SimpleNamespace(shared=False),
+            compile_times=CompileTimes(None),
+            hardware_key="hw",
+            options=SimpleNamespace(budget_s=60.0),
+            device=SimpleNamespace(kind="cpu"),
+            points=[None],
+        )
+        first, last = Budget(run, None).plan_peers(peers, lambda _f, _m: None)  # type: ignore[arg-type]
+        return [c.name for c in first], [c.name for c in last]
+
+    def prior(backend: str) -> float:
+        fixed, per_node = PRIORS[backend]
+        return fixed + per_node * nodes
+
+    check = 21 * 0.002 + 2.0  # three input sets to make, and the least timing
+    runtimes = prior("openvino") + prior("onnxruntime") + 2 * check
+    assert runtimes + prior("inductor") + check > 40.0  # grouped by the prior, it went last
+    assert plan(40.0) == (["openvino", "onnxruntime", "inductor"], ["compile"])
+    children = STOPPABLE_SHARE * (prior("openvino") + prior("onnxruntime") + prior("inductor"))
+    assert plan(children + 3 * check - 0.1) == (
+        ["openvino", "onnxruntime"],
+        ["inductor", "compile"],
+    )
+    everything = children + 4 * check + IN_PROCESS_MARGIN * prior("compile")
+    assert plan(everything - 0.1)[1] == ["compile"]
+    assert plan(everything)[1] == []
 
 
 def test_at_several_sizes_the_first_peers_timing_there_is_kept_before_peers_are_built() -> None:

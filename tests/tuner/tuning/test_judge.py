@@ -108,6 +108,51 @@ def test_peers_are_built_then_timed_fastest_first_and_a_clearly_beaten_one_is_no
     )
 
 
+def test_a_peer_whose_comparison_fitted_no_round_is_compared_again_where_time_is_left() -> None:
+    """shufflenet_v2 at 60 s: ONNX Runtime's comparison fitted no round in its 6 s, it was
+    never compared again, and OpenVINO shipped at 0.96x of it. Once the other peers are
+    judged, such a peer is compared once more where a whole comparison and a check fit."""
+    from types import SimpleNamespace
+
+    from tuner.contract.config import Figures, Verdict
+    from tuner.tuning.judge import NO_ROUND, Judge
+
+    def judged(left: float) -> tuple[list[Figures], list[str]]:
+        run = SimpleNamespace(
+            model_time_s=3e-3,
+            peer_notes=[],
+            points=[],
+            remaining=lambda: left,
+            options=SimpleNamespace(whole_model_budget_s=6.0),
+        )
+        judge = Judge(run, None, SimpleNamespace(check_s=lambda: 2.0))  # type: ignore[arg-type]
+        order: list[str] = []
+
+        def measure(_c: object, cand: Any, fig: dict[str, Any], looked: object) -> Figures:
+            order.append(cand.name)
+            if cand.name == "onnxruntime" and order.count(cand.name) == 1:
+                return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=NO_ROUND)
+            s = {"openvino": 3.8, "onnxruntime": 4.1}[cand.name]
+            return Figures(**fig, speedup=s, ci=(0.98 * s, 1.02 * s), verdict=Verdict.FASTER)
+
+        judge._build = lambda cand: dict(name=cand.name, backend=cand.backend, passes=[])  # type: ignore[method-assign]
+        judge._look = lambda gm, inputs, cand, base_s: {"openvino": 3.16e-3}.get(cand.name, 3.29e-3)  # type: ignore[method-assign]
+        judge._measure = measure  # type: ignore[method-assign]
+        peers = [
+            SimpleNamespace(name=n, backend=n, passes=[], settings=None)
+            for n in ("openvino", "onnxruntime")
+        ]
+        captured = SimpleNamespace(gm=None, inputs=())
+        return judge.peers(captured, peers, lambda f, m: None, (0.0, 1.0)), order  # type: ignore[arg-type]
+
+    figures, order = judged(left=30.0)
+    assert order == ["openvino", "onnxruntime", "onnxruntime"]
+    assert figures[1].verdict == "faster" and figures[1].speedup == 4.1
+    figures, order = judged(left=7.9)  # a comparison (6 s) and a check (2 s) do not fit
+    assert order == ["openvino", "onnxruntime"]
+    assert figures[1].reason == NO_ROUND
+
+
 def _sized_judge(left: float) -> Any:
     """A Judge at three sizes whose original's calls there are known (no calls made), with
     `left` seconds of the budget left."""
