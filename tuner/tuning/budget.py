@@ -244,7 +244,7 @@ class Budget:
         nodes = self._nodes(cand)
         if estimate is None:
             prior = self._planned(cand)
-            bar = STOPPABLE_SHARE * prior if cand.backend in STOPPABLE else prior
+            bar = _started_at(cand.backend, prior, measured=False)
             if bar <= left - MIN_TIMING_S:
                 return None
             return (
@@ -317,10 +317,7 @@ class Budget:
         # nothing measured starts where STOPPABLE_SHARE of its prior fits. Grouped by the whole
         # prior, recsys_dyn's first run at 60 s put AOTInductor (prior 23 s, built in 20) after
         # the runtimes and the passes, where it never fitted: 0.56x of it shipped.
-        starts = {
-            b: STOPPABLE_SHARE * s if b in STOPPABLE and b not in measured_here else s
-            for b, s in planned.items()
-        }
+        starts = {b: _started_at(b, s, b in measured_here) for b, s in planned.items()}
         first, last = self._quickest_first(peers, planned, starts, left, [])
         fastest = self._fastest_that_fits(last, planned, measured_here, left)
         if fastest is not None:
@@ -490,3 +487,10 @@ class Budget:
             if needed <= left:
                 reserve = max(reserve, needed)
         return time.monotonic() + max(left - reserve, 0.0)
+
+
+def _started_at(backend: str, planned_s: float, measured: bool) -> float:
+    """The seconds a compile planned at `planned_s` must fit in to be started: all of them, or,
+    with nothing measured here for a build in a child (stopped if it overruns), STOPPABLE_SHARE
+    of its prior."""
+    return planned_s if measured or backend not in STOPPABLE else STOPPABLE_SHARE * planned_s
