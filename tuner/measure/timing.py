@@ -402,11 +402,24 @@ def _calibrate(
         previous = v - 1 if v else len(variants) - 1  # the warm-up ended with the last variant
         time.sleep(blocks.pause_after(previous, v))
         per_call.append(_per_call_s(sampler, fn, min_sample_s))
+    inner, round_s, lead_in = planned_round(per_call, min_sample_s, blocks, round_cap_s)
+    return inner, round_s, lead_in
+
+
+def planned_round(
+    per_call: Sequence[float],
+    min_sample_s: float = MIN_SAMPLE_S,
+    blocks: Blocks = SINGLE,
+    round_cap_s: float = math.inf,
+) -> tuple[int, float, int]:
+    """Calls per sample, the seconds of one round and the lead-in calls, for variants whose
+    calls take `per_call` seconds (`_calibrate`; a budget plans with it before timing)."""
     lead_in = 0 if min(per_call) >= LONG_CALL_S else blocks.lead_in
-    pauses = blocks.pauses_per_round(len(variants))
+    pauses = blocks.pauses_per_round(len(per_call))
     ideal = max(math.ceil(min_sample_s / max(min(per_call), 1e-9)), blocks.min_calls)
-    cap = math.floor(round_cap_s / max(sum(per_call), 1e-9)) - lead_in
-    inner = max(1, min(ideal, cap))
+    inner = ideal
+    if math.isfinite(round_cap_s):
+        inner = max(1, min(ideal, math.floor(round_cap_s / max(sum(per_call), 1e-9)) - lead_in))
     return inner, (inner + lead_in) * sum(per_call) + pauses, lead_in
 
 
@@ -500,9 +513,36 @@ def run_rounds(
     return Rounds(agreed, own, inner, stopped)
 
 
-def compare(
-    baseline: Callable[[], Any],
-    candidate: Callable[[], Any],
+@dataclass(frozen=True)
+class Together:
+    """Samples of several variants taken in the same rounds: any two of them compare as paired
+    samples (`comparison`), as one A/B comparison of the two would. Two candidates each timed
+    against the original in a comparison of its own do not compare so: the original's speed
+    drifts between comparisons by more than one interval shows (`tuner.tuning.choose.
+    CROSS_DRIFT`)."""
+
+    rounds: Rounds
+    confidence: float
+    device: str
+    threads: int | None
+    clock: Clock
+
+    def comparison(self, base: int, cand: int) -> Comparison:
+        """Variant `cand` against variant `base` (speedup above 1: `cand` is faster)."""
+        return Comparison.from_samples(
+            self.rounds.samples[base],
+            self.rounds.samples[cand],
+            self.rounds.stopped,
+            inner=self.rounds.inner,
+            confidence=self.confidence,
+            device=self.device,
+            threads=self.threads,
+            clock=self.clock,
+        )
+
+
+def compare_together(
+    variants: Sequence[Callable[[], Any]],
     *,
     device: Device | str = "cpu",
     budget_s: float = 2.0,
@@ -516,15 +556,11 @@ def compare(
     threads: int | None = None,
     clock: Clock = "wall",
     blocks: Blocks = SINGLE,
-) -> Comparison:
-    """Interleaved A/B timing on this process (`run_rounds` with this device's timer, on
-    `clock`; the budget is wall time either way). Unnamed, `max_rounds` and `target_rel_ci`
-    are this process's `stop_settings()`. `blocks`: `POOLED` where a side runs on a thread pool
-    of its own.
-
-    With fewer rounds than the confidence level needs (6 at 95 %), the interval is (0, inf)
-    and the verdict 'within noise'.
-    """
+) -> Together:
+    """Interleaved timing of every variant on this process (`run_rounds` with this device's
+    timer, on `clock`; the budget is wall time either way). Unnamed, `max_rounds` and
+    `target_rel_ci` are this process's `stop_settings()` (the interval target stops two
+    variants only). `blocks`: `POOLED` where a variant runs on a thread pool of its own."""
     stop = stop_settings()
     max_rounds = stop.max_rounds if max_rounds is None else max_rounds
     target_rel_ci = stop.target_rel_ci if target_rel_ci is None else target_rel_ci
@@ -542,18 +578,49 @@ def compare(
         blocks,
     )
     with timing_ctx, torch.inference_mode():
-        rounds = run_rounds([baseline, candidate], LocalSampler(timer), rules)
-    base, cand = rounds.samples
-    return Comparison.from_samples(
-        base,
-        cand,
-        rounds.stopped,
-        inner=rounds.inner,
+        rounds = run_rounds(list(variants), LocalSampler(timer), rules)
+    return Together(rounds, confidence, str(device), pinned, clock)
+
+
+def compare(
+    baseline: Callable[[], Any],
+    candidate: Callable[[], Any],
+    *,
+    device: Device | str = "cpu",
+    budget_s: float = 2.0,
+    warmup: int = 3,
+    min_rounds: int = 8,
+    max_rounds: int | None = None,
+    target_rel_ci: float | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+    min_sample_s: float = MIN_SAMPLE_S,
+    threads: int | None = None,
+    clock: Clock = "wall",
+    blocks: Blocks = SINGLE,
+) -> Comparison:
+    """Interleaved A/B timing (`compare_together` of the two), stopped once the speedup's
+    interval is within `target_rel_ci` of it.
+
+    With fewer rounds than the confidence level needs (6 at 95 %), the interval is (0, inf)
+    and the verdict 'within noise'.
+    """
+    together = compare_together(
+        [baseline, candidate],
+        device=device,
+        budget_s=budget_s,
+        warmup=warmup,
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        target_rel_ci=target_rel_ci,
         confidence=confidence,
-        device=str(device),
-        threads=pinned,
+        seed=seed,
+        min_sample_s=min_sample_s,
+        threads=threads,
         clock=clock,
+        blocks=blocks,
     )
+    return together.comparison(0, 1)
 
 
 def quick_per_call_s(fn: Callable[[], Any], repeats: int = 3) -> float:

@@ -19,7 +19,9 @@ from tuner.graph.capture import Inputs
 from tuner.graph.sizes import SizePoint
 from tuner.measure.timing import (
     POOLED,
+    Blocks,
     fixed_threads,
+    planned_round,
     process_clock_step_ns,
     steady_per_call_s,
 )
@@ -120,6 +122,15 @@ class Budget:
         calls = self.check_calls(self.example)
         return calls * (self.run.model_time_s or 0.0) + MIN_TIMING_S
 
+    def peer_s(self) -> float:
+        """Seconds one peer's check and least timing take besides its build, as the peers are
+        planned (`plan_peers`): a runtime's rounds are blocks with pauses (`least_timing_s`),
+        4-5 s for eight on the zoo's CNNs where `check_s` counts 2 (efficientnet_b0 at 60 s:
+        three builds planned to leave 6 s, and four variants fitted 5 rounds in the 8 s left)."""
+        calls = self.check_calls(self.example)
+        call_s = self.run.model_time_s or 0.0
+        return calls * call_s + self.least_timing_s(call_s)
+
     def _nodes(self, cand: Candidate) -> int:
         return len(cand.transformed.gm.graph.nodes)
 
@@ -187,6 +198,26 @@ class Budget:
         keep = sum(self.size_least_s(baseline, p) for p in run.points[i + 1 :])
         least = min(self.least_timing_s(call_s), wanted)
         return max(least, min(wanted, run.remaining() - check - keep))
+
+    def together_s(self, baseline: Callable[..., object], candidates: int) -> float:
+        """Seconds for timing `candidates` and the original in the same rounds at the
+        example's size (`Judge.peers`): a comparison's (`timing_s`) for every two variants'
+        calls, within what a check and the further sizes leave (recsys_dyn at 60 s, given all
+        but the further sizes' least: its fastest peer then found that least a hair short at
+        batch 4096, and the original shipped, 0.48x of it), never below one comparison's."""
+        run = self.run
+        one = self.timing_s(baseline, 0) or run.timing_budget()
+        keep = sum(self.size_least_s(baseline, p) for p in run.points[1:])
+        return max(one, min(one * (candidates + 1) / 2, run.remaining() - self.check_s() - keep))
+
+    def together_fits(self, call_s: list[float], blocks: Blocks, budget_s: float) -> bool:
+        """Whether variants whose calls take `call_s` (the original's first) fit LEAST_ROUNDS
+        rounds together in `budget_s`, with their warm-up and calibration (about seven calls
+        each): efficientnet_b0 at 60 s timed its three peers and the original together in 8 s,
+        fitted 5 rounds, too few for an interval, and the original shipped, 0.39x of ONNX
+        Runtime."""
+        _, round_s, _ = planned_round(call_s, blocks=blocks)
+        return (LEAST_ROUNDS + 1) * round_s + 7 * sum(call_s) <= budget_s
 
     def check_wont_fit(self, left: float) -> str | None:
         """Why a candidate is not started: checking its outputs alone would overrun."""
@@ -338,7 +369,7 @@ class Budget:
         elif planned:  # none fits: the quickest compile says what budget would
             quickest = min(planned, key=planned.__getitem__)
             used = run.options.budget_s * (1 - FINISH_SHARE) - left
-            needed = (used + planned[quickest] + self.check_s()) / (1 - FINISH_SHARE)
+            needed = (used + planned[quickest] + self.peer_s()) / (1 - FINISH_SHARE)
             run.peer_notes.append(
                 f"no peer is expected to fit: {quickest} needs about {planned[quickest]:.0f} s "
                 f"and {left:.0f} s are left for tuning; a budget of about {needed:.0f} s would "
@@ -359,11 +390,11 @@ class Budget:
         """(first, last): `chosen`, then the quickest builds (`planned`), as long as what each
         is started with (`starts`) fits together."""
         first, last = list(chosen), []
-        spent = sum(starts.get(c.backend, 0.0) + self.check_s() for c in chosen)
+        spent = sum(starts.get(c.backend, 0.0) + self.peer_s() for c in chosen)
         for cand in sorted(peers, key=lambda c: planned.get(c.backend, 0.0)):
             if cand in chosen:
                 continue
-            cost = starts.get(cand.backend, 0.0) + self.check_s()
+            cost = starts.get(cand.backend, 0.0) + self.peer_s()
             if spent + cost <= left:
                 first.append(cand)
                 spent += cost
@@ -390,7 +421,7 @@ class Budget:
         for cand in last:
             if cand.backend != name or cand.backend not in measured_here:
                 continue
-            if planned[cand.backend] + self.check_s() <= left:
+            if planned[cand.backend] + self.peer_s() <= left:
                 return cand
         return None
 

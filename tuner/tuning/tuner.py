@@ -50,7 +50,7 @@ from tuner.tuning.bucketing import (
 )
 from tuner.tuning.budget import Budget
 from tuner.tuning.candidates import Candidate, compile_key, identity, size_candidates
-from tuner.tuning.choose import choose
+from tuner.tuning.choose import Runoff, choose, settled_note
 from tuner.tuning.judge import Judge
 from tuner.tuning.modes import step_kind_for
 from tuner.tuning.options import TuneOptions
@@ -160,11 +160,11 @@ class Tuner:
             # check and glance of the run, and read while this child imported torch one was
             # 1.8-2x its quiet figure (the zoo's dlrm: 8.3-9.5 ms against 3.7-4.7 ms).
             run.options.children.start_serving()
-        search, run.candidates, figures = self._search_and_judge(captured, say)
-        runoff = self.judge.runoff(captured, run.candidates, figures, say)
+        search, run.candidates, figures, settled = self._search_and_judge(captured, say)
+        runoff = self.judge.runoff(captured, run.candidates, figures, say, settled)
         epsilon = run.options.epsilon
         chosen_fig, chosen = choose(
-            captured, run.candidates, figures, run.peer_notes, runoff, epsilon
+            captured, run.candidates, figures, run.peer_notes, runoff, epsilon, settled
         )
         say(0.85, "verifying")
         with run.clocked("verification"):
@@ -179,7 +179,7 @@ class Tuner:
 
     def _search_and_judge(
         self, captured: Captured, say: Progress
-    ) -> tuple[SearchResult, list[Candidate], list[Figures]]:
+    ) -> tuple[SearchResult, list[Candidate], list[Figures], list[Runoff]]:
         """The peers are the floor, so they are built first, quickest first, as many as are
         expected to fit, then timed fastest first (`Judge.peers`); one that is not expected to
         fit goes after the passes, with what is left.
@@ -203,6 +203,8 @@ class Tuner:
             else:
                 early = self.budget.stand_ins(blind, say)
         figures = self.judge.peers(captured, first, say, (0.05, 0.25))
+        settled = self.judge.settle_peers(captured, first, figures)
+        self.run.peer_notes += [settled_note(r, self.run.options.epsilon) for r in settled]
         figures += self.judge.all(captured, early[len(first) :], say, (0.25, 0.3))
         deadline = self.budget.search_deadline(early, figures, building_s)
         with self.run.clocked("site search"):
@@ -227,7 +229,7 @@ class Tuner:
         tried, hopeless = promise.with_settings(judged, figures, self.run.device.kind)
         figures += self.judge.all(captured, tried, say, (0.83, 0.85))
         figures += [fig for _, fig in hopeless]
-        return search, judged + tried + [c for c, _ in hopeless], figures
+        return search, judged + tried + [c for c, _ in hopeless], figures, settled
 
     def _search(self, captured: Captured, say: Progress, deadline: float) -> SearchResult:
         run = self.run

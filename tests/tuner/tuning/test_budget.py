@@ -333,7 +333,8 @@ def test_a_build_in_a_child_with_nothing_measured_goes_first_where_half_its_prio
     from types import SimpleNamespace
 
     from tuner.backends.compile_time import PRIORS
-    from tuner.tuning.budget import IN_PROCESS_MARGIN, STOPPABLE_SHARE, Budget
+    from tuner.measure.timing import POOLED
+    from tuner.tuning.budget import IN_PROCESS_MARGIN, LEAST_ROUNDS, STOPPABLE_SHARE, Budget
 
     nodes = 250
     graph = SimpleNamespace(gm=SimpleNamespace(graph=SimpleNamespace(nodes=[None] * nodes)))
@@ -361,7 +362,8 @@ def test_a_build_in_a_child_with_nothing_measured_goes_first_where_half_its_prio
         fixed, per_node = PRIORS[backend]
         return fixed + per_node * nodes
 
-    check = 21 * 0.002 + 2.0  # three input sets to make, and the least timing
+    # three input sets to make, and the least timing: eight rounds of blocks with pauses
+    check = 21 * 0.002 + 2.0 + LEAST_ROUNDS * POOLED.pauses_per_round(2)
     runtimes = prior("openvino") + prior("onnxruntime") + 2 * check
     assert runtimes + prior("inductor") + check > 40.0  # grouped by the prior, it went last
     assert plan(40.0) == (["openvino", "onnxruntime", "inductor"], ["compile"])
@@ -402,6 +404,7 @@ def test_at_several_sizes_the_first_peers_timing_there_is_kept_before_peers_are_
         model_time_s=0.01,
         peer_notes=[],
         remaining=lambda: 41.0,
+        timing_budget=lambda: 6.0,
         load=SimpleNamespace(shared=False),
         compile_times=times,
         hardware_key="hw",
@@ -426,6 +429,13 @@ def test_at_several_sizes_the_first_peers_timing_there_is_kept_before_peers_are_
     )
     first, _ = budget.plan_peers(peers, lambda _f, _m: None)  # type: ignore[arg-type]
     assert len(first) == 3  # without the original to time, nothing is kept
+    # Peers timed together get a comparison's time per two variants' calls, leaving a check
+    # and the further sizes' least (recsys_dyn at 60 s: left none, and the original shipped).
+    one = budget.timing_s(lambda: None, 0)
+    assert one is not None and budget.together_s(lambda: None, 2) == pytest.approx(1.5 * one)
+    run.remaining = lambda: 30.0
+    together = budget.together_s(lambda: None, 3)
+    assert together == pytest.approx(30.0 - budget.check_s() - kept) and together < 2 * one
 
 
 def test_a_check_is_planned_by_the_input_sets_it_runs_on_and_the_references_made() -> None:

@@ -15,7 +15,15 @@ from tuner.host.load import CoreLoad
 from tuner.measure.verdicts import Comparison
 from tuner.passes.apply import Transformed
 from tuner.tuning.candidates import Candidate
-from tuner.tuning.choose import CROSS_DRIFT, Contest, Runoff, choose, contest, margin
+from tuner.tuning.choose import (
+    CROSS_DRIFT,
+    Contest,
+    Runoff,
+    choose,
+    contest,
+    margin,
+    settled_note,
+)
 from tuner.tuning.run import Captured
 from tuner.tuning.tuner import TuneOptions, Tuner, tuning_session
 
@@ -119,8 +127,9 @@ def test_the_contest_is_the_pair_the_choice_hinges_on() -> None:
 
 
 def test_the_challenger_ships_only_when_it_wins_head_to_head() -> None:
-    """Between two peers the faster beyond its interval ships; a candidate with passes must
-    beat the peer beyond 1 + epsilon, as against the original; a tie keeps the holder."""
+    """Between two peers the faster by the head-to-head's estimate ships; a candidate with
+    passes must beat the peer beyond 1 + epsilon, as against the original; a tie keeps the
+    holder there."""
     cands = [INDUCTOR, COMPILE, PASSES]
     peers = [fig("inductor", 1.093, 1.07, 1.11), fig("compile", 1.097, 1.08, 1.12)]
     figures = [*peers, fig("compile + every pass", 1.04, 1.03, 1.05)]
@@ -131,8 +140,12 @@ def test_the_challenger_ships_only_when_it_wins_head_to_head() -> None:
     assert choose(CAPTURED, cands, figures, notes, won)[1] is INDUCTOR
     assert "inductor against compile head to head: 1.021x [1.011, 1.032]" in notes[-1]
     assert notes[-1].endswith("so inductor ships")
+    # Between two peers the faster by the estimate, even within noise: neither is a rewrite.
     tied = Runoff(found, head_to_head(1.01, 0.99, 1.03))
-    assert choose(CAPTURED, cands, figures, notes, tied)[1] is COMPILE
+    assert choose(CAPTURED, cands, figures, notes, tied)[1] is INDUCTOR
+    assert notes[-1].endswith("so inductor ships")
+    behind = Runoff(found, head_to_head(0.99, 0.97, 1.01))
+    assert choose(CAPTURED, cands, figures, notes, behind)[1] is COMPILE
     assert notes[-1].endswith("so compile ships")
     none = Runoff(found, head_to_head(0.0, 0.0, float("inf"), rounds=0))
     assert choose(CAPTURED, cands, figures, notes, none)[1] is COMPILE
@@ -280,3 +293,28 @@ def test_a_scattered_timing_does_not_win_on_its_point_estimate() -> None:
     assert choose(CAPTURED, [ort, ov], figures, notes)[1] is ov
     found = contest(CAPTURED, [ort, ov], figures, EPS)
     assert found is not None and found.holder[1] is ov and found.challenger[1] is ort
+
+
+def test_peers_timed_together_are_settled_from_their_rounds(tmp_path: Path) -> None:
+    """For real: two peers tied by their figures against the original (gpt2_2layer at 60 s:
+    ONNX Runtime 1.31x and OpenVINO 1.37x, no time left to time them against each other, and
+    ONNX Runtime shipped at 0.93x of OpenVINO). Timed together, the same rounds settle them
+    with no comparison of their own: the quick one ships, the slow one takes no part after."""
+    tuner = _tuner(tmp_path)
+    slow, quick = _cand("compile", "compile"), _cand("inductor", "inductor")
+    slow.runner, quick.runner = _Sleepy(0.003), _Sleepy(0.0)
+    fields = tuner.judge._together(CAPTURED, [slow, quick])
+    assert fields[0]["verdict"] == "slower" and fields[0]["speedup"] < 0.1  # 3 ms vs a ReLU
+    assert tuner.run.timed == 1 and "model:inductor" in tuner.run.samples
+    figures = [fig("compile", 1.10, 1.08, 1.12), fig("inductor", 1.09, 1.07, 1.11)]
+    settled = tuner.judge.settle_peers(CAPTURED, [slow, quick], figures)
+    assert len(settled) == 1 and settled[0].contest.holder[1] is slow
+    assert settled[0].comparison.ci_low > 1.5 and settled[0].loser(EPS) is slow
+    assert settled_note(settled[0], EPS).startswith("inductor against compile, timed together: ")
+    assert settled_note(settled[0], EPS).endswith("so compile takes no further part")
+    assert choose(CAPTURED, [slow, quick], figures, [], None, EPS, settled)[1] is quick
+    assert contest(CAPTURED, [slow, quick, PASSES], [*figures, fig("p", 1.2, 1.15, 1.25)], EPS,
+                   settled).holder[1] is quick  # fmt: skip
+    assert (
+        tuner.judge.runoff(CAPTURED, [slow, quick], figures, lambda _f, _m: None, settled) is None
+    )

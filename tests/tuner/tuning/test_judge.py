@@ -60,96 +60,100 @@ def test_a_slow_size_gets_the_time_its_rounds_need(tmp_path: Path) -> None:
         assert big.verdict != "not measured", (name, big)
 
 
-def _peer_judge(glances: dict[str, float], speedups: dict[str, float]) -> tuple[Any, list[str]]:
+def _peer_judge(
+    glances: dict[str, float], speedups: dict[str, float], no_round_first: str | None = None
+) -> tuple[Any, list[str]]:
     """A Judge whose builds, glances and comparisons are stand-ins: `glances` are each peer's
-    best of 2 calls (s), `speedups` what its comparison measures (interval +-2%)."""
-    from types import SimpleNamespace
-
-    from tuner.contract.config import Figures, Verdict
-    from tuner.tuning.judge import Judge
-
-    run = SimpleNamespace(model_time_s=1e-3, peer_notes=[], points=[])
-    judge = Judge(run, None, None)  # type: ignore[arg-type]
-    order: list[str] = []
-
-    def measure(_captured: object, cand: Any, fig: dict[str, Any], looked: object) -> Figures:
-        order.append(cand.name)
-        s = speedups[cand.name]
-        return Figures(**fig, speedup=s, ci=(0.98 * s, 1.02 * s), verdict=Verdict.FASTER)
-
-    judge._build = lambda cand: dict(name=cand.name, backend=cand.backend, passes=[])  # type: ignore[method-assign]
-    judge._look = lambda gm, inputs, cand, base_s: glances[cand.name]  # type: ignore[method-assign]
-    judge._measure = measure  # type: ignore[method-assign]
-    return judge, order
-
-
-def test_peers_are_built_then_timed_fastest_first_and_a_clearly_beaten_one_is_not_timed() -> None:
-    """The dynamic recommendation model at 60 s: the runtimes' builds came first and their
-    comparisons at three sizes left AOTInductor, twice as fast, 2 s short of fitting."""
-    from types import SimpleNamespace
-
-    from tuner.tuning.judge import QUICK_DOUBT
-
-    names = ["openvino", "onnxruntime", "inductor"]
-    peers = [SimpleNamespace(name=n, backend=n, passes=[], settings=None) for n in names]
-    glances = {"openvino": 1.6e-3, "onnxruntime": 0.7e-3, "inductor": 0.5e-3}
-    # inductor measured 2.0x; openvino glanced 3.2x as slow: near 0.63x, and 3x that < 1.96
-    judge, order = _peer_judge(glances, {"inductor": 2.0, "onnxruntime": 1.2, "openvino": 0.8})
-    captured = SimpleNamespace(gm=None, inputs=())
-    figures = judge.peers(captured, peers, lambda f, m: None, (0.0, 1.0))  # type: ignore[arg-type]
-    assert order == ["inductor", "onnxruntime"]  # onnxruntime: near 1.43x; 3x that reaches 1.96
-    assert [f.name for f in figures] == names  # reported in the peers' order
-    skipped = figures[0]
-    assert skipped.verdict == "not measured" and skipped.reason.startswith("not timed: its best")
-    assert f"even {QUICK_DOUBT:g}x that stays below" in skipped.reason
-    assert (
-        "the order they are timed in: inductor 0.5 ms, onnxruntime 0.7 ms"
-        in (judge.run.peer_notes[0])
-    )
-
-
-def test_a_peer_whose_comparison_fitted_no_round_is_compared_again_where_time_is_left() -> None:
-    """shufflenet_v2 at 60 s: ONNX Runtime's comparison fitted no round in its 6 s, it was
-    never compared again, and OpenVINO shipped at 0.96x of it. Once the other peers are
-    judged, such a peer is compared once more where a whole comparison and a check fit."""
+    best of 2 calls (s), `speedups` what timing them together measures (interval +-2%);
+    `no_round_first`: that peer's first comparison fits no round. `order` lists what was timed:
+    the peers timed together as one entry, then each measured at every size."""
     from types import SimpleNamespace
 
     from tuner.contract.config import Figures, Verdict
     from tuner.tuning.judge import NO_ROUND, Judge
 
-    def judged(left: float) -> tuple[list[Figures], list[str]]:
-        run = SimpleNamespace(
-            model_time_s=3e-3,
-            peer_notes=[],
-            points=[],
-            remaining=lambda: left,
-            options=SimpleNamespace(whole_model_budget_s=6.0),
-        )
-        judge = Judge(run, None, SimpleNamespace(check_s=lambda: 2.0))  # type: ignore[arg-type]
-        order: list[str] = []
+    run = SimpleNamespace(
+        model_time_s=1e-3,
+        peer_notes=[],
+        points=[],
+        remaining=lambda: 30.0,
+        options=SimpleNamespace(whole_model_budget_s=6.0),
+    )
+    judge = Judge(run, None, SimpleNamespace(check_s=lambda: 2.0))  # type: ignore[arg-type]
+    order: list[str] = []
 
-        def measure(_c: object, cand: Any, fig: dict[str, Any], looked: object) -> Figures:
-            order.append(cand.name)
-            if cand.name == "onnxruntime" and order.count(cand.name) == 1:
-                return Figures(**fig, verdict=Verdict.NOT_MEASURED, reason=NO_ROUND)
-            s = {"openvino": 3.8, "onnxruntime": 4.1}[cand.name]
-            return Figures(**fig, speedup=s, ci=(0.98 * s, 1.02 * s), verdict=Verdict.FASTER)
+    def fields(name: str) -> dict[str, Any]:
+        if name == no_round_first and not any(name in o for o in order[:-1]):
+            return {"verdict": Verdict.NOT_MEASURED, "reason": NO_ROUND}
+        s = speedups[name]
+        return {"speedup": s, "ci": (0.98 * s, 1.02 * s), "verdict": Verdict.FASTER}
 
-        judge._build = lambda cand: dict(name=cand.name, backend=cand.backend, passes=[])  # type: ignore[method-assign]
-        judge._look = lambda gm, inputs, cand, base_s: {"openvino": 3.16e-3}.get(cand.name, 3.29e-3)  # type: ignore[method-assign]
-        judge._measure = measure  # type: ignore[method-assign]
-        peers = [
-            SimpleNamespace(name=n, backend=n, passes=[], settings=None)
-            for n in ("openvino", "onnxruntime")
-        ]
-        captured = SimpleNamespace(gm=None, inputs=())
-        return judge.peers(captured, peers, lambda f, m: None, (0.0, 1.0)), order  # type: ignore[arg-type]
+    def together(_captured: object, cands: list[Any]) -> list[dict[str, Any]]:
+        order.append("+".join(c.name for c in cands))
+        return [fields(c.name) for c in cands]
 
-    figures, order = judged(left=30.0)
-    assert order == ["openvino", "onnxruntime", "onnxruntime"]
+    def measure(_captured: object, cand: Any, fig: dict[str, Any], looked: object) -> Figures:
+        order.append(cand.name)
+        got = looked if isinstance(looked, dict) else fields(cand.name)
+        return Figures(**fig, **got)
+
+    judge._build = lambda cand: dict(name=cand.name, backend=cand.backend, passes=[])  # type: ignore[method-assign]
+    judge._look = lambda gm, inputs, cand, base_s: glances[cand.name]  # type: ignore[method-assign]
+    judge._together = together  # type: ignore[method-assign]
+    judge._joint = lambda _captured, glanced: [c for c, _ in glanced]  # type: ignore[method-assign]
+    judge._measure = measure  # type: ignore[method-assign]
+    return judge, order
+
+
+def _peers(*names: str) -> list[Any]:
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(name=n, backend=n, passes=[], settings=None) for n in names]
+
+
+def test_peers_are_built_then_timed_together_and_a_clearly_outrun_one_is_not_timed() -> None:
+    """The dynamic recommendation model at 60 s: the runtimes' builds came first and their
+    comparisons at three sizes left AOTInductor, twice as fast, 2 s short of fitting. The peers
+    are timed together, fastest glance first; one glanced at over 3x the fastest is not."""
+    from types import SimpleNamespace
+
+    from tuner.tuning.judge import QUICK_DOUBT
+
+    names = ["openvino", "onnxruntime", "inductor"]
+    glances = {"openvino": 1.6e-3, "onnxruntime": 0.7e-3, "inductor": 0.5e-3}
+    judge, order = _peer_judge(glances, {"inductor": 2.0, "onnxruntime": 1.2, "openvino": 0.8})
+    captured = SimpleNamespace(gm=None, inputs=())
+    figures = judge.peers(captured, _peers(*names), lambda f, m: None, (0.0, 1.0))
+    assert order == ["inductor+onnxruntime", "inductor", "onnxruntime"]
+    assert [f.name for f in figures] == names  # reported in the peers' order
+    assert [f.speedup for f in figures[1:]] == [1.2, 2.0]
+    skipped = figures[0]
+    assert skipped.verdict == "not measured" and skipped.reason.startswith("not timed: its best")
+    assert f"3.20x as long as inductor's, more than the {QUICK_DOUBT:g}x" in skipped.reason
+    assert judge.run.peer_notes[0] == (
+        "best of 2 calls: inductor 0.5 ms, onnxruntime 0.7 ms, openvino 1.6 ms"
+    )
+
+
+def test_a_peer_whose_comparison_fitted_no_round_is_compared_again_where_time_is_left() -> None:
+    """shufflenet_v2 at 60 s: ONNX Runtime's comparison fitted no round in its 6 s, it was
+    never compared again, and OpenVINO shipped at 0.96x of it. Once the peers are timed, such
+    a peer is compared once more on its own where a whole comparison and a check fit."""
+    from types import SimpleNamespace
+
+    from tuner.tuning.judge import NO_ROUND
+
+    glances = {"openvino": 3.16e-3, "onnxruntime": 3.29e-3}
+    speedups = {"openvino": 3.8, "onnxruntime": 4.1}
+    captured = SimpleNamespace(gm=None, inputs=())
+    judge, order = _peer_judge(glances, speedups, no_round_first="onnxruntime")
+    figures = judge.peers(captured, _peers("openvino", "onnxruntime"), lambda f, m: None, (0, 1))
+    assert order == ["openvino+onnxruntime", "openvino", "onnxruntime", "onnxruntime"]
     assert figures[1].verdict == "faster" and figures[1].speedup == 4.1
-    figures, order = judged(left=7.9)  # a comparison (6 s) and a check (2 s) do not fit
-    assert order == ["openvino", "onnxruntime"]
+    judge, order = _peer_judge(glances, speedups, no_round_first="onnxruntime")
+    judge.run.remaining = lambda: 7.9  # a comparison (6 s) and a check (2 s) do not fit
+    figures = judge.peers(captured, _peers("openvino", "onnxruntime"), lambda f, m: None, (0, 1))
+    assert order == ["openvino+onnxruntime", "openvino", "onnxruntime"]
     assert figures[1].reason == NO_ROUND
 
 
@@ -238,3 +242,34 @@ def test_each_size_is_timed_with_what_the_sizes_after_it_leave() -> None:
     assert budget.timing_s(lambda: None, 0) is None  # one size: the whole-model budget
     judge.run.device = SimpleNamespace(kind="cuda")  # no runtime, no pauses between blocks
     assert budget.least_timing_s(0.0) == MIN_TIMING_S
+
+
+def test_peers_are_timed_together_only_as_many_as_fit_their_rounds() -> None:
+    """efficientnet_b0 at 60 s: its three peers and the original timed together in 8 s fitted
+    5 rounds (a round: ten calls of each, a lead-in and a pause), too few for an interval, and
+    the original shipped at 0.39x of ONNX Runtime. The slowest glances drop out of the joint
+    timing until its rounds fit; with fewer than two left, each is compared on its own."""
+    from types import SimpleNamespace
+
+    from tuner.measure.timing import POOLED
+    from tuner.tuning.budget import Budget
+    from tuner.tuning.judge import Judge
+
+    original, glances = 0.020, [0.00703, 0.00774, 0.0141]  # s a call, onnxruntime first
+    budget = Budget(SimpleNamespace(), None)  # type: ignore[arg-type]
+    assert not budget.together_fits([original, *glances], POOLED, 8.0)
+    assert budget.together_fits([original, *glances[:2]], POOLED, 8.0)
+
+    def joint(budget_s: float) -> list[str]:
+        run = SimpleNamespace(model_time_s=original)
+        stand_in = SimpleNamespace(
+            together_s=lambda _b, _n: budget_s, together_fits=budget.together_fits
+        )
+        judge = Judge(run, SimpleNamespace(baseline=lambda gm: gm), stand_in)  # type: ignore[arg-type]
+        peers = _peers("onnxruntime", "openvino", "inductor")
+        got = judge._joint(SimpleNamespace(gm=None), list(zip(peers, glances, strict=True)))
+        return [c.name for c in got]
+
+    assert joint(12.0) == ["onnxruntime", "openvino", "inductor"]
+    assert joint(8.0) == ["onnxruntime", "openvino"]
+    assert joint(4.0) == []
