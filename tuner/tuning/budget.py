@@ -216,7 +216,8 @@ class Budget:
         each): efficientnet_b0 at 60 s timed its three peers and the original together in 8 s,
         fitted 5 rounds, too few for an interval, and the original shipped, 0.39x of ONNX
         Runtime."""
-        _, round_s, _ = planned_round(call_s, blocks=blocks)
+        cap = budget_s / (2 * LEAST_ROUNDS)  # as `run_rounds` caps a round's calls
+        _, round_s, _ = planned_round(call_s, blocks=blocks, round_cap_s=cap)
         return (LEAST_ROUNDS + 1) * round_s + 7 * sum(call_s) <= budget_s
 
     def check_wont_fit(self, left: float) -> str | None:

@@ -106,8 +106,10 @@ class Judge:
         (`settle_peers`), where each timed in a comparison of its own drifted apart (gpt2_2layer
         at 60 s: ONNX Runtime shipped at 0.93x [0.77, 0.94] of OpenVINO, the two 1.31x and 1.37x
         over the original, and no time was left to time them against each other). A peer
-        glanced at over `QUICK_DOUBT` times the fastest glance is not timed. Then each at the
-        further sizes, as `all`. Where no call time is known (off the CPU), in order, as `all`."""
+        glanced at over `QUICK_DOUBT` times the fastest glance is not timed; one the rounds gave
+        no interval, or that did not fit them (`_joint`), is compared on its own. Then each at
+        the further sizes, as `all`. Where no call time is known (off the CPU), in order, as
+        `all`."""
         self._timed_together = None
         if self.run.model_time_s is None or len(peers) < 2:
             return self.all(captured, peers, say, span)
@@ -138,7 +140,12 @@ class Judge:
         joint = self._joint(captured, [(peers[i], q) for q, i, _ in timed])
         if joint:
             example[: len(joint)] = self._together(captured, joint)
-            alone = [peers[i].name for _, i, _ in timed[len(joint) :]]
+            for j, fields in enumerate(example[: len(joint)]):
+                if isinstance(fields, dict) and _open(fields):
+                    example[j] = timed[j][0]  # no interval from the rounds: on its own
+            alone = [
+                peers[i].name for j, (_, i, _) in enumerate(timed) if isinstance(example[j], float)
+            ]
             with_them = f"; {', '.join(alone)} on its own after them" if alone else ""
             names = ", ".join(c.name for c in joint)
             self.run.peer_notes.append(f"timed together with the original: {names}{with_them}")
@@ -213,7 +220,7 @@ class Judge:
             if id(challenger) not in index or id(holder) not in index:
                 return settled
             c = together.comparison(index[id(holder)], index[id(challenger)])
-            if c.rounds == 0:
+            if c.summary.low is None:  # too few rounds for an interval: not settled
                 return settled
             settled.append(Runoff(found, c))
 
@@ -450,6 +457,12 @@ class Judge:
         if cand.name == ORIGINAL:
             return self.kind.baseline(captured.gm)
         return None if cand.runner is None else self.kind.timed_call(cand.runner)
+
+
+def _open(fields: dict[str, Any]) -> bool:
+    """Whether figure fields lack an interval: no round, or too few for one."""
+    ci = fields.get("ci")
+    return ci is None or ci[0] is None
 
 
 def _outrun(quick_s: float, fastest_s: float, fastest: str) -> str:
