@@ -583,44 +583,15 @@ def compare_together(
 
 
 def compare(
-    baseline: Callable[[], Any],
-    candidate: Callable[[], Any],
-    *,
-    device: Device | str = "cpu",
-    budget_s: float = 2.0,
-    warmup: int = 3,
-    min_rounds: int = 8,
-    max_rounds: int | None = None,
-    target_rel_ci: float | None = None,
-    confidence: float = 0.95,
-    seed: int = 0,
-    min_sample_s: float = MIN_SAMPLE_S,
-    threads: int | None = None,
-    clock: Clock = "wall",
-    blocks: Blocks = SINGLE,
+    baseline: Callable[[], Any], candidate: Callable[[], Any], **options: Any
 ) -> Comparison:
-    """Interleaved A/B timing (`compare_together` of the two), stopped once the speedup's
-    interval is within `target_rel_ci` of it.
+    """Interleaved A/B timing: `compare_together` of the two (`options` are its keywords),
+    stopped once the speedup's interval is within `target_rel_ci` of it.
 
     With fewer rounds than the confidence level needs (6 at 95 %), the interval is (0, inf)
     and the verdict 'within noise'.
     """
-    together = compare_together(
-        [baseline, candidate],
-        device=device,
-        budget_s=budget_s,
-        warmup=warmup,
-        min_rounds=min_rounds,
-        max_rounds=max_rounds,
-        target_rel_ci=target_rel_ci,
-        confidence=confidence,
-        seed=seed,
-        min_sample_s=min_sample_s,
-        threads=threads,
-        clock=clock,
-        blocks=blocks,
-    )
-    return together.comparison(0, 1)
+    return compare_together([baseline, candidate], **options).comparison(0, 1)
 
 
 def quick_per_call_s(fn: Callable[[], Any], repeats: int = 3) -> float:
