@@ -119,17 +119,18 @@ class Budget:
     def check_s(self) -> float:
         """Seconds checking one candidate's outputs at the example's size and its least
         timing take: what starting one needs besides its build."""
-        calls = self.check_calls(self.example)
-        return calls * (self.run.model_time_s or 0.0) + MIN_TIMING_S
+        return self._example_check_s() + MIN_TIMING_S
+
+    def _example_check_s(self) -> float:
+        """Seconds checking one candidate's outputs at the example's size takes."""
+        return self.check_calls(self.example) * (self.run.model_time_s or 0.0)
 
     def peer_s(self) -> float:
         """Seconds one peer's check and least timing take besides its build, as the peers are
         planned (`plan_peers`): a runtime's rounds are blocks with pauses (`least_timing_s`),
         4-5 s for eight on the zoo's CNNs where `check_s` counts 2 (efficientnet_b0 at 60 s:
         three builds planned to leave 6 s, and four variants fitted 5 rounds in the 8 s left)."""
-        calls = self.check_calls(self.example)
-        call_s = self.run.model_time_s or 0.0
-        return calls * call_s + self.least_timing_s(call_s)
+        return self._example_check_s() + self.least_timing_s(self.run.model_time_s or 0.0)
 
     def _nodes(self, cand: Candidate) -> int:
         return len(cand.transformed.gm.graph.nodes)
@@ -189,7 +190,7 @@ class Budget:
             return None
         if i == 0:
             call_s = run.model_time_s or 0.0
-            check = self.check_calls(self.example) * call_s
+            check = self._example_check_s()
             wanted = run.timing_budget()
         else:
             call_s = run.size_time_s.get(run.points[i].label, 0.0)
