@@ -21,6 +21,7 @@ EXPECTED_SITES: dict[str, dict[str, int]] = {
         "fuse_horizontal_layernorm": 1,
         "fuse_horizontal_pointwise": 1,
         "eliminate_split_cat": 1,
+        "tanh_via_sigmoid": 1,
     },
     "cnn": {"fold_conv_bn": 4, "channels_last": 1},
     "transformer": {"remove_dropout": 4, "fuse_horizontal_linear": 2},

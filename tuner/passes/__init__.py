@@ -22,6 +22,7 @@ DEFAULT_ORDER: tuple[str, ...] = (
     "fuse_horizontal_layernorm",
     "fuse_horizontal_pointwise",
     "eliminate_split_cat",
+    "tanh_via_sigmoid",
     "channels_last",
 )
 
