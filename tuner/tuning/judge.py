@@ -137,9 +137,9 @@ class Judge:
             self.run.peer_notes.append(f"best of 2 calls: {glances}")
         say(low + (high - low) * 0.5, "timing the peers together")
         example: list[dict[str, Any] | float] = [q for q, _, _ in timed]
-        joint = self._joint(captured, [(peers[i], q) for q, i, _ in timed])
+        joint, together_s = self._joint(captured, [(peers[i], q) for q, i, _ in timed])
         if joint:
-            example[: len(joint)] = self._together(captured, joint)
+            example[: len(joint)] = self._together(captured, joint, together_s)
             for j, fields in enumerate(example[: len(joint)]):
                 if isinstance(fields, dict) and _open(fields):
                     example[j] = timed[j][0]  # no interval from the rounds: on its own
@@ -158,10 +158,12 @@ class Judge:
                 done[i] = self._measure(captured, peers[i], fig, quick_s)
         return [done[i] for i in range(len(peers))]
 
-    def _joint(self, captured: Captured, glanced: list[tuple[Candidate, float]]) -> list[Candidate]:
-        """The peers (fastest glance first) timed together: as many as fit their rounds in
-        the time they would get (`Budget.together_fits`), none where fewer than two do; the
-        others are compared on their own after them."""
+    def _joint(
+        self, captured: Captured, glanced: list[tuple[Candidate, float]]
+    ) -> tuple[list[Candidate], float]:
+        """The peers (fastest glance first) timed together, and the time their rounds get: as
+        many as fit their rounds in that time (`Budget.together_fits`), none where fewer than
+        two do; the others are compared on their own after them."""
         baseline = self.kind.baseline(captured.gm)
         base_s = self.run.model_time_s or 0.0
         joint = [c for c, _ in glanced]
@@ -169,14 +171,16 @@ class Judge:
             calls = [base_s, *(q for _, q in glanced[: len(joint)])]
             budget_s = self.budget.together_s(baseline, len(joint))
             if self.budget.together_fits(calls, blocks_for(*joint), budget_s):
-                return joint
+                return joint, budget_s
             joint.pop()
-        return []
+        return [], 0.0
 
-    def _together(self, captured: Captured, cands: list[Candidate]) -> list[dict[str, Any]]:
+    def _together(
+        self, captured: Captured, cands: list[Candidate], budget_s: float
+    ) -> list[dict[str, Any]]:
         """`cands`, built and checked, timed with the original in the same rounds at the
-        example's size (`compare_together`): each one's figure fields against the original.
-        The rounds are kept for `settle_peers`."""
+        example's size (`compare_together`) for `budget_s`: each one's figure fields against
+        the original. The rounds are kept for `settle_peers`."""
         baseline, inputs = self.kind.baseline(captured.gm), captured.inputs
         calls = [lambda: baseline(*inputs)]
         for cand in cands:
@@ -186,7 +190,7 @@ class Judge:
             together = compare_together(
                 calls,
                 device=self.run.device,
-                budget_s=self.budget.together_s(baseline, len(cands)),
+                budget_s=budget_s,
                 clock=self.run.clock,
                 blocks=blocks_for(*cands),
             )

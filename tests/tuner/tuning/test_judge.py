@@ -92,7 +92,7 @@ def _peer_judge(
         s = speedups[name]
         return {"speedup": s, "ci": (0.98 * s, 1.02 * s), "verdict": Verdict.FASTER}
 
-    def together(_captured: object, cands: list[Any]) -> list[dict[str, Any]]:
+    def together(_captured: object, cands: list[Any], _budget_s: float) -> list[dict[str, Any]]:
         order.append("+".join(c.name for c in cands))
         open_ = {"speedup": 1.5, "ci": (None, None), "verdict": Verdict.WITHIN_NOISE}
         return [open_ if c.name == open_together else fields(c.name) for c in cands]
@@ -105,7 +105,7 @@ def _peer_judge(
     judge._build = lambda cand: dict(name=cand.name, backend=cand.backend, passes=[])  # type: ignore[method-assign]
     judge._look = lambda gm, inputs, cand, base_s: glances[cand.name]  # type: ignore[method-assign]
     judge._together = together  # type: ignore[method-assign]
-    judge._joint = lambda _captured, glanced: [c for c, _ in glanced]  # type: ignore[method-assign]
+    judge._joint = lambda _captured, glanced: ([c for c, _ in glanced], 8.0)  # type: ignore[method-assign]
     judge._measure = measure  # type: ignore[method-assign]
     return judge, order
 
@@ -299,7 +299,8 @@ def test_peers_are_timed_together_only_as_many_as_fit_their_rounds() -> None:
         )
         judge = Judge(run, SimpleNamespace(baseline=lambda gm: gm), stand_in)  # type: ignore[arg-type]
         peers = _peers("onnxruntime", "openvino", "inductor")
-        got = judge._joint(SimpleNamespace(gm=None), list(zip(peers, glances, strict=True)))
+        got, got_s = judge._joint(SimpleNamespace(gm=None), list(zip(peers, glances, strict=True)))
+        assert got_s == (budget_s if got else 0.0)  # the time its rounds are then given
         return [c.name for c in got]
 
     assert joint(12.0) == ["onnxruntime", "openvino", "inductor"]
