@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import fx
@@ -67,6 +68,15 @@ def blocks_for(*candidates: Candidate) -> Blocks:
     return POOLED if any(c.backend in OWN_THREAD_POOL for c in candidates) else SINGLE
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """Peers timed together with the original at the example's size (`Judge._together`):
+    the original is variant 0 of `together`, `peers[k]` variant k + 1."""
+
+    peers: list[Candidate]
+    together: Together
+
+
 class Judge:
     """Judges candidates for one run, adding their samples and comparisons to it."""
 
@@ -74,8 +84,6 @@ class Judge:
         self.run = run
         self.kind = kind
         self.budget = budget
-        # The peers timed together at the example's size, and their rounds (`_together`).
-        self._timed_together: tuple[list[Candidate], Together] | None = None
 
     def all(
         self,
@@ -99,20 +107,19 @@ class Judge:
         peers: list[Candidate],
         say: Progress,
         span: tuple[float, float],
-    ) -> list[Figures]:
-        """Each peer's figures, in order. All are built, checked and glanced at (their best of
-        2 calls) first, then timed together with the original at the example's size, in the
-        same rounds (`_together`): any two peers then compare as one head-to-head would
-        (`settle_peers`), where each timed in a comparison of its own drifted apart (gpt2_2layer
-        at 60 s: ONNX Runtime shipped at 0.93x [0.77, 0.94] of OpenVINO, the two 1.31x and 1.37x
-        over the original, and no time was left to time them against each other). A peer
-        glanced at over `QUICK_DOUBT` times the fastest glance is not timed; one the rounds gave
-        no interval, or that did not fit them (`_joint`), is compared on its own. Then each at
-        the further sizes, as `all`. Where no call time is known (off the CPU), in order, as
-        `all`."""
-        self._timed_together = None
+    ) -> tuple[list[Figures], Rounds | None]:
+        """Each peer's figures, in order, and their rounds together. All are built, checked
+        and glanced at (their best of 2 calls) first, then timed together with the original at
+        the example's size, in the same rounds (`_together`): any two peers then compare as one
+        head-to-head would (`settle_peers`), where each timed in a comparison of its own
+        drifted apart (gpt2_2layer at 60 s: ONNX Runtime shipped at 0.93x [0.77, 0.94] of
+        OpenVINO, the two 1.31x and 1.37x over the original, and no time was left to time them
+        against each other). A peer glanced at over `QUICK_DOUBT` times the fastest glance is
+        not timed; one the rounds gave no interval, or that did not fit them (`_joint`), is
+        compared on its own. Then each at the further sizes, as `all`. Where no call time is
+        known (off the CPU), in order, as `all`, with no rounds."""
         if self.run.model_time_s is None or len(peers) < 2:
-            return self.all(captured, peers, say, span)
+            return self.all(captured, peers, say, span), None
         low, high = span
         done: dict[int, Figures] = {}
         looked: list[tuple[float, int, dict[str, Any]]] = []
@@ -138,8 +145,9 @@ class Judge:
         say(low + (high - low) * 0.5, "timing the peers together")
         example: list[dict[str, Any] | float] = [q for q, _, _ in timed]
         joint, together_s = self._joint(captured, [(peers[i], q) for q, i, _ in timed])
+        rounds = None
         if joint:
-            example[: len(joint)] = self._together(captured, joint, together_s)
+            example[: len(joint)], rounds = self._together(captured, joint, together_s)
             for j, fields in enumerate(example[: len(joint)]):
                 if isinstance(fields, dict) and _open(fields):
                     example[j] = timed[j][0]  # no interval from the rounds: on its own
@@ -156,7 +164,7 @@ class Judge:
             if self._compare_again(done[i]):
                 say(low + (high - low) * 0.99, f"timing {peers[i].name} again")
                 done[i] = self._measure(captured, peers[i], fig, quick_s)
-        return [done[i] for i in range(len(peers))]
+        return [done[i] for i in range(len(peers))], rounds
 
     def _joint(
         self, captured: Captured, glanced: list[tuple[Candidate, float]]
@@ -177,10 +185,10 @@ class Judge:
 
     def _together(
         self, captured: Captured, cands: list[Candidate], budget_s: float
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], Rounds]:
         """`cands`, built and checked, timed with the original in the same rounds at the
         example's size (`compare_together`) for `budget_s`: each one's figure fields against
-        the original. The rounds are kept for `settle_peers`."""
+        the original, and the rounds."""
         baseline, inputs = self.kind.baseline(captured.gm), captured.inputs
         calls = [lambda: baseline(*inputs)]
         for cand in cands:
@@ -195,7 +203,6 @@ class Judge:
                 blocks=blocks_for(*cands),
             )
         self.run.timed += 1
-        self._timed_together = (cands, together)
         fields = []
         for k, cand in enumerate(cands, 1):
             c = together.comparison(0, k)
@@ -204,17 +211,21 @@ class Judge:
                 "candidate_s": c.candidate_s,
             }
             fields.append(self._fields(cand, c))
-        return fields
+        return fields, Rounds(cands, together)
 
     def settle_peers(
-        self, captured: Captured, peers: list[Candidate], figures: list[Figures]
+        self,
+        captured: Captured,
+        peers: list[Candidate],
+        figures: list[Figures],
+        rounds: Rounds | None,
     ) -> list[Runoff]:
-        """The contests between peers (`contest`) that their rounds together settle, each
+        """The contests between peers (`contest`) that their `rounds` together settle, each
         loser out of the next, until none is left: what `choose` is given as settled."""
-        if self._timed_together is None:
+        if rounds is None:
             return []
-        cands, together = self._timed_together
-        index = {id(c): k for k, c in enumerate(cands, 1)}
+        together = rounds.together
+        index = {id(c): k for k, c in enumerate(rounds.peers, 1)}
         settled: list[Runoff] = []
         while True:
             found = contest(captured, peers, figures, self.run.options.epsilon, settled)

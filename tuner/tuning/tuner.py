@@ -202,8 +202,8 @@ class Tuner:
                 early = first + self.budget.uncompiled_with_passes(blind, first, say)
             else:
                 early = self.budget.stand_ins(blind, say)
-        figures = self.judge.peers(captured, first, say, (0.05, 0.25))
-        settled = self.judge.settle_peers(captured, first, figures)
+        figures, rounds = self.judge.peers(captured, first, say, (0.05, 0.25))
+        settled = self.judge.settle_peers(captured, first, figures, rounds)
         self.run.peer_notes += [settled_note(r, self.run.options.epsilon) for r in settled]
         figures += self.judge.all(captured, early[len(first) :], say, (0.25, 0.3))
         deadline = self.budget.search_deadline(early, figures, building_s)

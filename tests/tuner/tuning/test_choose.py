@@ -303,11 +303,11 @@ def test_peers_timed_together_are_settled_from_their_rounds(tmp_path: Path) -> N
     tuner = _tuner(tmp_path)
     slow, quick = _cand("compile", "compile"), _cand("inductor", "inductor")
     slow.runner, quick.runner = _Sleepy(0.003), _Sleepy(0.0)
-    fields = tuner.judge._together(CAPTURED, [slow, quick], 2.0)
+    fields, rounds = tuner.judge._together(CAPTURED, [slow, quick], 2.0)
     assert fields[0]["verdict"] == "slower" and fields[0]["speedup"] < 0.1  # 3 ms vs a ReLU
     assert tuner.run.timed == 1 and "model:inductor" in tuner.run.samples
     figures = [fig("compile", 1.10, 1.08, 1.12), fig("inductor", 1.09, 1.07, 1.11)]
-    settled = tuner.judge.settle_peers(CAPTURED, [slow, quick], figures)
+    settled = tuner.judge.settle_peers(CAPTURED, [slow, quick], figures, rounds)
     assert len(settled) == 1 and settled[0].contest.holder[1] is slow
     assert settled[0].comparison.ci_low > 1.5 and settled[0].loser(EPS) is slow
     assert settled_note(settled[0], EPS).startswith("inductor against compile, timed together: ")

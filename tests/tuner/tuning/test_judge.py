@@ -92,10 +92,12 @@ def _peer_judge(
         s = speedups[name]
         return {"speedup": s, "ci": (0.98 * s, 1.02 * s), "verdict": Verdict.FASTER}
 
-    def together(_captured: object, cands: list[Any], _budget_s: float) -> list[dict[str, Any]]:
+    def together(
+        _captured: object, cands: list[Any], _budget_s: float
+    ) -> tuple[list[dict[str, Any]], None]:
         order.append("+".join(c.name for c in cands))
         open_ = {"speedup": 1.5, "ci": (None, None), "verdict": Verdict.WITHIN_NOISE}
-        return [open_ if c.name == open_together else fields(c.name) for c in cands]
+        return [open_ if c.name == open_together else fields(c.name) for c in cands], None
 
     def measure(_captured: object, cand: Any, fig: dict[str, Any], looked: object) -> Figures:
         order.append(cand.name)
@@ -128,7 +130,7 @@ def test_peers_are_built_then_timed_together_and_a_clearly_outrun_one_is_not_tim
     glances = {"openvino": 1.6e-3, "onnxruntime": 0.7e-3, "inductor": 0.5e-3}
     judge, order = _peer_judge(glances, {"inductor": 2.0, "onnxruntime": 1.2, "openvino": 0.8})
     captured = SimpleNamespace(gm=None, inputs=())
-    figures = judge.peers(captured, _peers(*names), lambda f, m: None, (0.0, 1.0))
+    figures, _ = judge.peers(captured, _peers(*names), lambda f, m: None, (0.0, 1.0))
     assert order == ["inductor+onnxruntime", "inductor", "onnxruntime"]
     assert [f.name for f in figures] == names  # reported in the peers' order
     assert [f.speedup for f in figures[1:]] == [1.2, 2.0]
@@ -158,7 +160,7 @@ def test_a_peer_whose_comparison_fitted_no_round_is_compared_again_where_time_is
         )
         judge.run.remaining = lambda: left
         peers = _peers("openvino", "onnxruntime")
-        return judge.peers(captured, peers, lambda f, m: None, (0, 1)), order
+        return judge.peers(captured, peers, lambda f, m: None, (0, 1))[0], order
 
     figures, order = judged(30.0)
     assert order == ["openvino+onnxruntime", "openvino", "onnxruntime", "onnxruntime"]
@@ -178,7 +180,7 @@ def test_a_peer_whose_rounds_together_gave_no_interval_is_compared_on_its_own() 
     speedups = {"openvino": 2.5, "onnxruntime": 2.7}
     judge, order = _peer_judge(glances, speedups, open_together="openvino")
     captured = SimpleNamespace(gm=None, inputs=())
-    figures = judge.peers(captured, _peers("openvino", "onnxruntime"), lambda f, m: None, (0, 1))
+    figures, _ = judge.peers(captured, _peers("openvino", "onnxruntime"), lambda f, m: None, (0, 1))
     assert order == ["onnxruntime+openvino", "onnxruntime", "openvino"]
     assert figures[0].verdict == "faster" and figures[0].speedup == 2.5
     assert judge.run.peer_notes[-1] == (
