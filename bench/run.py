@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench import dynamic, record
+from bench import dynamic, record, roofline
 from bench.held_out import HELD_OUT, build_held_out
 from examples.build import build_all
 from tuner.backends import registry as backends
@@ -84,8 +85,15 @@ def ratio(
     base: Callable[[], Any], cand: Callable[[], Any], budget_s: float, device: Device = CPU
 ) -> dict[str, float]:
     blocks = POOLED if device.kind == "cpu" else SINGLE
-    s = compare(base, cand, budget_s=budget_s, device=device, blocks=blocks).summary
-    return {"speedup": s.speedup, "ci_low": s.low, "ci_high": s.high, "rounds": s.rounds}
+    c = compare(base, cand, budget_s=budget_s, device=device, blocks=blocks)
+    s = c.summary
+    return {
+        "speedup": s.speedup,
+        "ci_low": s.low,
+        "ci_high": s.high,
+        "rounds": s.rounds,
+        "ms": round(statistics.median(c.candidate_s) * 1e3, 4) if c.candidate_s else None,
+    }
 
 
 def _runtime_peer(
@@ -247,6 +255,7 @@ def bench_model(
         "cache_hits": config.tuning["cache_hits"],
         "accepted_sites": sum(1 for s in config.sites if s.accepted),
         "distinct_sites": len(config.sites),
+        **({"flops": roofline.program_flops(program)} if device.kind == "cpu" else {}),
     }
 
 
@@ -280,8 +289,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         models = build_all(work, args.models) | build_held_out(work, args.held_out)
+        peak = roofline.gemm_peak_flops() if device.kind == "cpu" else 0.0
         for name, path in models.items():
             rows.append(bench_model(name, path, work, args.tune_budget_s, args.budget_s, device))
+        if peak:
+            roofline.add_floors(rows, max(peak, roofline.gemm_peak_flops()))
         dynamic_rows = (  # the dynamic-batch sweep is a CPU bench
             dynamic.bench_dynamic(
                 work, args.tune_budget_s, ratio, args.budget_s, tuple(args.dynamic_batches)

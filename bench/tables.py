@@ -148,6 +148,49 @@ def results_dynamic(out: Path = OUT) -> str:
     return _table(head, body)
 
 
+def results_roofline(out: Path = OUT) -> str:
+    """Each model's compute floor (`bench.roofline`) beside what fxtune ships and AOTInductor:
+    how close the shipped program runs to it, and the most any tuner could ship over
+    AOTInductor on this machine in float32."""
+    doc = read("results", out)
+    rows = [r for r in _static_rows(doc) if "roofline" in r and "AOTInductor" in r["ratios"]]
+    if not rows:
+        return "No row of this run measured the floor (`make bench` on a CPU writes it).\n"
+    head = [
+        "model",
+        "GEMM + conv GFLOP",
+        "floor ms",
+        "fxtune ms",
+        "fxtune at % of floor",
+        "fxtune over AOTInductor",
+        "ceiling over AOTInductor",
+    ]
+    body, ours, ceilings = [], [], []
+    for r in rows:
+        roof, fx, aoti = r["roofline"], r["ratios"]["fxtune"], r["ratios"]["AOTInductor"]
+        over = fx["speedup"] / aoti["speedup"]
+        ceiling = aoti["ms"] / roof["floor_ms"]
+        ours.append(over)
+        ceilings.append(ceiling)
+        body.append(
+            [
+                r["model"],
+                f"{roof['gflop']:.3f}",
+                f"{roof['floor_ms']:.2f}",
+                f"{fx['ms']:.2f}",
+                f"{roof['floor_ms'] / fx['ms']:.0%}",
+                _x(over),
+                _x(ceiling),
+            ]
+        )
+    body.append(["geomean", "", "", "", "", _x(geomean(ours)), _x(geomean(ceilings))])
+    peak = rows[0]["roofline"]["peak_gflops"]
+    return (
+        f"Measured on {measured_on(doc)}; the floor at {peak:.0f} GFLOP/s, the fastest float32 "
+        "`torch.mm` of the run.\n\n" + _table(head, body)
+    )
+
+
 # ------------------------------------------------------------------------ the zoo (bench.zoo)
 
 
@@ -350,6 +393,7 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[Path], str]]] = {
     "cpu": (("results",), results_summary),
     "results": (("results",), results_full),
     "results-dynamic": (("results",), results_dynamic),
+    "results-roofline": (("results",), results_roofline),
     "zoo-60": (("zoo",), _zoo("zoo", 60.0)),
     "zoo-300": (("zoo",), _zoo("zoo", 300.0)),
     "zoo-load2-60": (("zoo-load2",), _zoo("zoo-load2", 60.0)),
