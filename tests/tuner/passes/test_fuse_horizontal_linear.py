@@ -112,6 +112,25 @@ def test_towers_on_3d_inputs_without_bias() -> None:
     assert [n.target for n in result.gm.graph.nodes if n.target in GEMMS] == [aten.bmm.default]
 
 
+def test_heads_of_one_output_become_one_batched_dot_product(tmp_path: Path) -> None:
+    net = Towers(n=4, fin=16, fout=1).eval()
+    inputs = tower_inputs(4, (32, 16))
+    result = assert_equivalent(net, inputs, PASS)
+    (site,) = result.applied
+    assert site.summary == "4 linears -> one batched dot product"
+    assert gemms(result.gm) == 0
+    targets = [n.target for n in result.gm.graph.nodes]
+    assert aten.mul.Tensor in targets and aten.sum.dim_IntList in targets
+    assert_round_trip(result, net, inputs, tmp_path / "dot.pt2")
+
+
+def test_heads_of_one_output_without_bias_on_3d_inputs() -> None:
+    result = assert_equivalent(
+        Towers(n=2, fout=1, bias=False).eval(), tower_inputs(2, (2, 3, 6)), PASS
+    )
+    assert len(result.applied) == 1 and gemms(result.gm) == 0
+
+
 def test_shared_input_preferred_over_bmm() -> None:
     class Both(nn.Module):
         def __init__(self) -> None:
@@ -275,4 +294,4 @@ def test_property_towers(
     net = Towers(n, fin, fout, bias).eval()
     result = assert_equivalent(net, tower_inputs(n, (*lead, fin)), PASS)
     assert len(result.applied) == 1
-    assert gemms(result.gm) == 1
+    assert gemms(result.gm) == (0 if fout == 1 else 1)
