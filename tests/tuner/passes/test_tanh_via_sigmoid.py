@@ -50,3 +50,18 @@ def test_the_error_is_absolute_and_below_three_ulps_of_one(values: list[float]) 
     result = assert_equivalent(Tanh(), lambda g: (x,), ["tanh_via_sigmoid"], trials=1, atol=2e-7)
     truth = torch.tanh(x.double())
     assert (result.gm(x).double() - truth).abs().max() <= 1.8e-7
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-30, 30, width=32), min_size=1, max_size=64))
+def test_the_gradient_is_tanhs_within_rounding(values: list[float]) -> None:
+    class Tanh(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(x)
+
+    x = torch.tensor(values, dtype=torch.float32)
+    result = assert_equivalent(Tanh(), lambda g: (x,), ["tanh_via_sigmoid"], trials=1, atol=2e-7)
+    leaf = x.clone().requires_grad_()
+    result.gm(leaf).sum().backward()
+    truth = 1 - torch.tanh(x.double()) ** 2
+    assert (leaf.grad.double() - truth).abs().max() <= 4e-7

@@ -18,7 +18,7 @@ from tuner.passes import get_pass, pass_names
 from tuner.passes.apply import apply_steps
 from tuner.training.step import ReferenceSteps, eager_runner
 
-NOT_IN_TRAINING = {"remove_dropout", "fold_conv_bn", "overlap_comm_compute", "tanh_via_sigmoid"}
+NOT_IN_TRAINING = {"remove_dropout", "fold_conv_bn", "overlap_comm_compute"}
 
 
 def test_each_pass_says_whether_it_is_valid_in_training() -> None:
@@ -65,3 +65,13 @@ def test_weight_deriving_passes_keep_the_parameters_trainable(model: str, pass_n
     frozen = apply_steps(inference, inputs, [(pass_name, None)])
     assert list(frozen.gm.state_dict()) != list(gm0.state_dict())
     assert reference.check(eager_runner(frozen.gm, "sgd")) is not None
+
+
+def test_tanh_via_sigmoid_steps_like_tanh() -> None:
+    """Its gradient (4 s (1 - s) through the sigmoid) is tanh's up to rounding: the step's
+    outputs, gradients and updated parameters pass the reference check."""
+    inputs, gm0 = _exported("recsys")
+    tuned = apply_steps(copy.deepcopy(gm0), inputs, [("tanh_via_sigmoid", None)])
+    assert len(tuned.applied) == 8  # one tanh per feature of the small recsys
+    reference = ReferenceSteps(gm0, "sgd", [inputs])
+    assert reference.check(eager_runner(tuned.gm, "sgd")) is None
