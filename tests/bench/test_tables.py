@@ -54,10 +54,13 @@ def test_the_roofline_table_divides_the_floor_into_the_runs_times(tmp_path: Path
     (out / "results.json").write_text(json.dumps(doc))
     text = tables.results_roofline(out)
     assert "the floor at 200 GFLOP/s" in text
-    first, second, mean = text.splitlines()[-3:]
+    first, second, mean, _, goal = text.splitlines()[-5:]
     assert first.endswith("| 0.200 | 1.00 | 4.00 | 2.00 | 50% | 4.00x |")
     assert second.endswith("| 9.00 | 1.00 | 100% | 9.00x |")
-    assert mean == "| geomean |  |  |  |  |  | 6.00x |"
+    assert mean == "| geomean |  |  |  |  | 71% | 6.00x |"
+    assert goal == "1.8x over AOTInductor (geomean) would take 30% of the floor on average; " + (
+        "what fxtune ships runs at 71%."
+    )
 
 
 def test_a_run_without_floors_says_so(tmp_path: Path) -> None:
