@@ -2,11 +2,17 @@
 
 At each size the run tunes at (the example's first), the candidate's runner is checked against
 the original (the step kind's check; a wrong one is never timed) and then timed, interleaved with
-the original's call (`tuner.measure.timing.compare`). Its verdict across sizes is the never-worse
-one (`tuner.search.across_sizes`). A candidate that cannot be started within the budget, or whose
-build overruns or crashes, is recorded with the reason instead. Where the choice hinges on two
-candidates, each timed against the original in a comparison of its own, `runoff` times them
-against each other (`tuner.tuning.choose.Contest`).
+the original's call (`tuner.measure.timing.compare`). Its verdict across sizes is the
+never-worse one (`tuner.search.across_sizes`). A candidate that cannot be started within the
+budget, or whose build overruns or crashes, is recorded with the reason instead. Where the choice
+hinges on two candidates, each timed against the original in a comparison of its own, `runoff`
+times them against each other (`tuner.tuning.choose.Contest`).
+
+At inference each timed call takes the original's inputs and packs them where a pass repacks
+them (`combine_sparse_inputs`), as `load_tuned` runs what ships: on the recommendation example
+the packing is 8% of the call, and a candidate timed on inputs packed once would have been
+credited with it. A training step takes them packed once (`StepKind.packs_per_call`): the
+training loop packs, and `load_tuned` refuses packed training configs.
 """
 
 from __future__ import annotations
@@ -192,8 +198,8 @@ class Judge:
         baseline, inputs = self.kind.baseline(captured.gm), captured.inputs
         calls = [lambda: baseline(*inputs)]
         for cand in cands:
-            runner, packed = self.kind.timed_call(cand.runner), cand.transformed.pack(inputs)
-            calls.append(lambda runner=runner, packed=packed: runner(*packed))
+            runner, feed = self.kind.timed_call(cand.runner), self._feed(cand, inputs)
+            calls.append(lambda runner=runner, feed=feed: runner(*feed()))
         with self.run.clocked("timing"):
             together = compare_together(
                 calls,
@@ -378,13 +384,12 @@ class Judge:
             looked = self._look(gm0, inputs, cand, base_s)
             if isinstance(looked, dict):
                 return looked, None
-        pack = cand.transformed.pack
         baseline, candidate = self.kind.baseline(gm0), self.kind.timed_call(runner)
-        packed = pack(inputs)
+        feed = self._feed(cand, inputs)
         with self.run.clocked("timing"):
             c = compare(
                 lambda: baseline(*inputs),
-                lambda: candidate(*packed),
+                lambda: candidate(*feed()),
                 device=self.run.device,
                 budget_s=min(timing_s, self.run.remaining())
                 if timing_s
@@ -418,14 +423,14 @@ class Judge:
             return {"verdict": Verdict.WRONG_OUTPUTS, "reason": wrong}
         if not base_s:
             return math.inf
-        candidate, packed = self.kind.timed_call(cand.runner), cand.transformed.pack(inputs)
+        candidate, feed = self.kind.timed_call(cand.runner), self._feed(cand, inputs)
         with self.run.clocked("timing"):
-            cand_s = quick_per_call_s(lambda: candidate(*packed), repeats=2)
+            cand_s = quick_per_call_s(lambda: candidate(*feed()), repeats=2)
             if cand_s > CLEARLY_SLOWER * base_s:
                 # Taken again before it settles anything: right after a build the cores can be
                 # shared with a starting child (a freezing package read 19x the original's time
                 # there, and faster than it in the comparison).
-                cand_s = min(cand_s, steady_per_call_s(lambda: candidate(*packed)))
+                cand_s = min(cand_s, steady_per_call_s(lambda: candidate(*feed())))
         if cand_s > CLEARLY_SLOWER * base_s:
             return _clearly_slower(base_s, cand_s)
         return cand_s
@@ -451,10 +456,10 @@ class Judge:
             return None
         say(0.85, f"timing {challenger.name} against {holder.name} head to head")
         inputs = captured.inputs
-        theirs, ours = holder.transformed.pack(inputs), challenger.transformed.pack(inputs)
+        theirs, ours = self._feed(holder, inputs), self._feed(challenger, inputs)
         c = compare(
-            lambda: held(*theirs),
-            lambda: challenging(*ours),
+            lambda: held(*theirs()),
+            lambda: challenging(*ours()),
             device=self.run.device,
             budget_s=budget_s,
             clock=self.run.clock,
@@ -466,6 +471,15 @@ class Judge:
             "candidate_s": c.candidate_s,
         }
         return Runoff(found, c)
+
+    def _feed(self, cand: Candidate, inputs: Inputs) -> Callable[[], Inputs]:
+        """The inputs of each timed call of `cand`: the original's, packed per call where a
+        pass repacks them and the step kind says so, else packed once here."""
+        pack = cand.transformed.pack
+        if self.kind.packs_per_call:
+            return lambda: pack(inputs)
+        packed = pack(inputs)
+        return lambda: packed
 
     def _timed(self, captured: Captured, cand: Candidate) -> Callable[..., Any] | None:
         """What timing calls for `cand`: the original's baseline, or its built runner."""

@@ -308,3 +308,32 @@ def test_peers_are_timed_together_only_as_many_as_fit_their_rounds() -> None:
     assert joint(12.0) == ["onnxruntime", "openvino", "inductor"]
     assert joint(8.0) == ["onnxruntime", "openvino"]
     assert joint(4.0) == []
+
+
+@pytest.mark.parametrize(("packs_per_call", "packs"), [(True, 3), (False, 1)])
+def test_timed_calls_pack_as_what_ships_is_run(packs_per_call: bool, packs: int) -> None:
+    """At inference `load_tuned` packs on every call, so the timing does too (on the
+    recommendation example the packing was 8% of a call); a training loop packs once."""
+    from types import SimpleNamespace
+
+    from tuner.tuning.judge import Judge
+
+    seen: list[tuple[Any, ...]] = []
+
+    def pack(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        seen.append(inputs)
+        return (sum(inputs),)
+
+    kind = SimpleNamespace(packs_per_call=packs_per_call)
+    judge = Judge(SimpleNamespace(), kind, None)  # type: ignore[arg-type]
+    cand = SimpleNamespace(transformed=SimpleNamespace(pack=pack))
+    feed = judge._feed(cand, (1, 2))  # type: ignore[arg-type]
+    assert [feed() for _ in range(3)] == [(3,)] * 3
+    assert len(seen) == packs
+
+
+def test_inference_packs_per_call_and_training_once() -> None:
+    from tuner.tuning.inference import InferenceStep
+    from tuner.tuning.train import TrainingStep
+
+    assert InferenceStep.packs_per_call and not TrainingStep.packs_per_call
