@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from torch.export import ExportedProgram
 
 from bench import record
 from bench.run import PEERS, built_now, device_peers, peers, ratio, self_checks
@@ -48,10 +49,12 @@ from tuner.backends import registry as backends
 from tuner.backends.runtime_build import load_runner
 from tuner.backends.runtimes import is_runtime
 from tuner.contract.device import CPU
+from tuner.deploy.replay import apply_config
 from tuner.graph.capture import example_inputs
 from tuner.host import warm_folder
 from tuner.host.sandbox import Limits, Sandbox, resolve_sandbox
 from tuner.loading.load import load_program
+from tuner.passes.combine_sparse_inputs import CombineSparseInputs
 from tuner.tuning.outputs import aoti_path_for
 
 OUT = Path(__file__).parent / "out"
@@ -108,6 +111,7 @@ def tune_cli(path: Path, budget_s: float, work: Path) -> dict[str, Any]:
         "budget_s": budget_s,
         "wall_s": round(wall_s, 1),
         "tuned": f"{stem}.tuned.pt2",
+        "report": f"{stem}.report.json",
         "backend": config["backend"],
         "chosen": config["whole_model"]["name"],
         "build_s": config["whole_model"].get("build_s"),
@@ -129,18 +133,24 @@ def tune_cli(path: Path, budget_s: float, work: Path) -> dict[str, Any]:
     }
 
 
-def shipped(run: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """What fxtune shipped, loaded as a deployment runs it, and the inputs it takes."""
+def shipped(run: dict[str, Any], original: ExportedProgram) -> Callable[..., Any]:
+    """What fxtune shipped, loaded as a deployment runs it: it takes the original's inputs and
+    packs them on every call where a pass repacks them, as `load_tuned` does."""
     tuned_path = Path(run["tuned"])
     program = load_program(tuned_path)
-    inputs = example_inputs(program)
     if run["backend"] == "inductor" and run.get("aoti"):
-        return backends.load_aoti(aoti_path_for(tuned_path)), inputs
-    if is_runtime(run["backend"]) and run.get("runtime"):
+        runner = backends.load_aoti(aoti_path_for(tuned_path))
+    elif is_runtime(run["backend"]) and run.get("runtime"):
         artifact = tuned_path.parent / run["runtime"]
         spec, threads = program.call_spec.out_spec, torch.get_num_threads()
-        return load_runner(run["backend"], artifact, spec, threads), inputs
-    return backends.deployed(run["backend"], program.module()), inputs
+        runner = load_runner(run["backend"], artifact, spec, threads)
+    else:
+        runner = backends.deployed(run["backend"], program.module())
+    config = json.loads(Path(run["report"]).read_text())["config"]
+    if not any(step["pass"] == CombineSparseInputs.name for step in config["passes"]):
+        return runner
+    pack = apply_config(original, config).pack
+    return lambda *inputs: runner(*pack(inputs))
 
 
 def bench_model(
@@ -168,9 +178,8 @@ def bench_model(
     for run in runs:
         if "error" in run:
             continue
-        runner, tuned_inputs = shipped(run)
-        built_now(runner, tuned_inputs)
-        variants[f"fxtune {run['budget_s']:g}s"] = partial(runner, *tuned_inputs)
+        runner = built_now(shipped(run, program), inputs)
+        variants[f"fxtune {run['budget_s']:g}s"] = partial(runner, *inputs)
     console.log(f"[{name}] timing")
     with torch.inference_mode():
         ratios = {k: ratio(lambda: eager(*inputs), fn, compare_s) for k, fn in variants.items()}
