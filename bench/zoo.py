@@ -54,7 +54,6 @@ from tuner.graph.capture import example_inputs
 from tuner.host import warm_folder
 from tuner.host.sandbox import Limits, Sandbox, resolve_sandbox
 from tuner.loading.load import load_program
-from tuner.passes.combine_sparse_inputs import CombineSparseInputs
 from tuner.tuning.outputs import aoti_path_for
 
 OUT = Path(__file__).parent / "out"
@@ -147,7 +146,7 @@ def shipped(run: dict[str, Any], original: ExportedProgram) -> Callable[..., Any
     else:
         runner = backends.deployed(run["backend"], program.module())
     config = json.loads(Path(run["report"]).read_text())["config"]
-    if not any(step["pass"] == CombineSparseInputs.name for step in config["passes"]):
+    if not config.get("changes_inputs"):
         return runner
     pack = apply_config(original, config).pack
     return lambda *inputs: runner(*pack(inputs))
