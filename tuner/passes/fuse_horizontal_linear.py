@@ -111,10 +111,8 @@ class FuseHorizontalLinear(GraphPass):
                     # str(): a dynamic size is keyed by its symbol (equal symbols, equal sizes)
                     x_sizes = str(sizes(n.args[0]))
                     same_shape[(x_sizes, weight_shape, *_key(gm, n))].append(n)
-            dot = self.options["dot"]
             groups += [
-                ("dot" if dot and shape(arg(g[0], 1, "weight"))[0] == 1 else "bmm", g)
-                for g in _in_order(same_shape, min_size)
+                ("dot" if self._as_dot(g[0]) else "bmm", g) for g in _in_order(same_shape, min_size)
             ]
         return [self._site(kind, g) for kind, g in groups]
 
@@ -131,8 +129,12 @@ class FuseHorizontalLinear(GraphPass):
         if all(n.args[0] is linears[0].args[0] for n in linears):
             _concat(gm, linears)
         else:
-            one_output = shape(arg(linears[0], 1, "weight"))[0] == 1
-            _batched(gm, linears, dot=self.options["dot"] and one_output)
+            _batched(gm, linears, dot=self._as_dot(linears[0]))
+
+    def _as_dot(self, linear: fx.Node) -> bool:
+        """Whether a group of `linear`'s shape becomes a batched dot product: one output each,
+        with the `dot` option on. `find_sites` names the site by it and `rewrite` builds it."""
+        return self.options["dot"] and shape(arg(linear, 1, "weight"))[0] == 1
 
 
 def _cat_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
