@@ -59,7 +59,18 @@ class _Pair:
     reference: fx.GraphModule
     candidate: fx.GraphModule
     inputs: Inputs
-    pack: Callable[[Inputs], Inputs] = lambda a: a
+    pack: Callable[[Inputs], Inputs] | None = None
+
+    def packed(self, inputs: Inputs) -> Inputs:
+        return inputs if self.pack is None else self.pack(inputs)
+
+    def timed_candidate(self, run: SiteRun) -> Callable[[], Any]:
+        """The candidate's timed call: packing its inputs on every call where `run` says a
+        deployment does, else on inputs packed once."""
+        if run.packs_per_call and self.pack is not None:
+            pack, candidate = self.pack, self.candidate
+            return run.call(lambda *a: candidate(*pack(a)), self.inputs)
+        return run.call(self.candidate, self.packed(self.inputs))
 
 
 @dataclass(frozen=True)
@@ -69,26 +80,29 @@ class SiteRun:
 
     `grad` records the site's inputs with autograd on, so that they say which of them carry a
     gradient in the step. `cache_tag` keeps its decisions apart from other runs' in the cache.
+    `packs_per_call`: a site that repacks the model's inputs is timed packing them on every
+    call, as `load_tuned` runs a forward; a training loop packs once, outside the step.
     """
 
     name: str
     check: Callable[[_Pair, list[Inputs]], str | None]
-    call: Callable[[fx.GraphModule, Inputs], Callable[[], Any]]
+    call: Callable[[Callable[..., Any], Inputs], Callable[[], Any]]
     grad: bool = False
     cache_tag: str = ""
+    packs_per_call: bool = False
 
 
 def _forward_check(pair: _Pair, trials: list[Inputs]) -> str | None:
-    return check_outputs(pair.reference, lambda *a: pair.candidate(*pair.pack(a)), trials)
+    return check_outputs(pair.reference, lambda *a: pair.candidate(*pair.packed(a)), trials)
 
 
 def _training_check(pair: _Pair, trials: list[Inputs]) -> str | None:
     return check_site_step(
-        pair.reference, pair.candidate, trials, wants_grad(pair.inputs), pair.pack
+        pair.reference, pair.candidate, trials, wants_grad(pair.inputs), pair.packed
     )
 
 
-FORWARD = SiteRun("forward", _forward_check, lambda m, a: lambda: m(*a))
+FORWARD = SiteRun("forward", _forward_check, lambda m, a: lambda: m(*a), packs_per_call=True)
 FORWARD_BACKWARD = SiteRun(
     "forward+backward", _training_check, site_step, grad=True, cache_tag="+backward"
 )
@@ -173,7 +187,7 @@ class SiteSearch:
             return _decision(site, count, Verdict.WRONG_OUTPUTS, reason=wrong)
         c = compare(
             run.call(pair.reference, pair.inputs),
-            run.call(pair.candidate, pair.pack(pair.inputs)),
+            pair.timed_candidate(run),
             device=self.settings.device,
             budget_s=self.settings.site_budget_s,
             clock=self.settings.clock,
@@ -203,10 +217,10 @@ class SiteSearch:
     def _whole_pair(gm: fx.GraphModule, inputs: Inputs, site: Site) -> _Pair:
         """For passes that change the inputs: the site is the model's signature.
 
-        The packing of inputs happens in the caller's input pipeline, so it is not timed.
+        At inference the packing is timed with the candidate, as `load_tuned` runs it.
         """
         cand = apply_steps(deep_copy(gm), inputs, [(site.pass_name, {site.id})])
-        return _Pair(gm, cand.gm, inputs, cand.pack)
+        return _Pair(gm, cand.gm, inputs, cand.pack if cand.packers else None)
 
     def _decide(
         self,

@@ -108,3 +108,32 @@ def test_sites_are_measured_in_order_of_the_time_they_cover() -> None:
     assert len(shares) == 2 and all(s is not None for s in shares), shares
     assert shares[0] > shares[1], shares  # the large relu first, though it comes second
     assert all(d.rounds > 0 for d in result.decisions)  # both timed, the larger first
+
+
+@pytest.mark.parametrize(("packs_per_call", "packs"), [(True, 3), (False, 1)])
+def test_a_repacking_site_is_timed_packing_as_it_ships(packs_per_call: bool, packs: int) -> None:
+    """A forward site that repacks the inputs pays the packing on every timed call, as
+    `load_tuned` runs it; a training step's inputs are packed once, outside the step."""
+    from dataclasses import replace
+
+    from tuner.search.site_search import FORWARD, FORWARD_BACKWARD, _Pair
+
+    seen: list[tuple[int, ...]] = []
+
+    def pack(inputs: tuple[int, ...]) -> tuple[int, ...]:
+        seen.append(inputs)
+        return (sum(inputs),)
+
+    pair = _Pair(lambda *a: a, lambda *a: a, (1, 2), pack)  # type: ignore[arg-type]
+    run = replace(FORWARD, packs_per_call=packs_per_call)
+    call = pair.timed_candidate(run)
+    assert [call() for _ in range(3)] == [(3,)] * 3
+    assert len(seen) == packs
+    assert FORWARD.packs_per_call and not FORWARD_BACKWARD.packs_per_call
+
+
+def test_a_site_that_keeps_the_inputs_times_them_as_given() -> None:
+    from tuner.search.site_search import FORWARD, _Pair
+
+    pair = _Pair(lambda *a: a, lambda *a: a, (1, 2))  # type: ignore[arg-type]
+    assert pair.timed_candidate(FORWARD)() == (1, 2)
