@@ -46,7 +46,6 @@ class InferenceStep:
     mode: ClassVar[Mode] = "infer"
     site_run: ClassVar[SiteRun] = FORWARD
     compiling: ClassVar[str] = "compiling"
-    packs_per_call: ClassVar[bool] = FORWARD.packs_per_call
 
     def __init__(self, run: TuningRun) -> None:
         self.run = run

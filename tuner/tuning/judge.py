@@ -11,8 +11,9 @@ times them against each other (`tuner.tuning.choose.Contest`).
 At inference each timed call takes the original's inputs and packs them where a pass repacks
 them (`combine_sparse_inputs`), as `load_tuned` runs what ships: on the recommendation example
 the packing is 8% of the call, and a candidate timed on inputs packed once would have been
-credited with it. A training step takes them packed once (`StepKind.packs_per_call`): the
-training loop packs, and `load_tuned` refuses packed training configs.
+credited with it. A training step takes them packed once (its site run's
+`SiteRun.packs_per_call`): the training loop packs, and `load_tuned` refuses packed training
+configs.
 """
 
 from __future__ import annotations
@@ -476,7 +477,7 @@ class Judge:
         """The inputs of each timed call of `cand`: the original's, packed per call where a
         pass repacks them and the step kind says so, else packed once here."""
         pack = cand.transformed.pack
-        if self.kind.packs_per_call:
+        if self.kind.site_run.packs_per_call:
             return lambda: pack(inputs)
         packed = pack(inputs)
         return lambda: packed

@@ -31,9 +31,6 @@ class StepKind(Protocol):
     site_run: ClassVar[SiteRun]
     # How a skipped compile is described ("compiling", "compiling the training step").
     compiling: ClassVar[str]
-    # Whether a timed call packs its inputs (where a pass repacks them) on every call, as
-    # `load_tuned` runs what ships, or takes them packed once, as a training loop must.
-    packs_per_call: ClassVar[bool]
 
     def __init__(self, run: TuningRun) -> None: ...
 

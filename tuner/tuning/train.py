@@ -116,8 +116,6 @@ class TrainingStep:
     mode: ClassVar[Mode] = "train"
     site_run: ClassVar[SiteRun] = FORWARD_BACKWARD
     compiling: ClassVar[str] = "compiling the training step"
-    # `load_tuned` refuses a packed training config: the training loop packs (once here).
-    packs_per_call: ClassVar[bool] = FORWARD_BACKWARD.packs_per_call
 
     def __init__(self, run: TuningRun) -> None:
         self.run = run

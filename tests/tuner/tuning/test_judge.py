@@ -324,7 +324,7 @@ def test_timed_calls_pack_as_what_ships_is_run(packs_per_call: bool, packs: int)
         seen.append(inputs)
         return (sum(inputs),)
 
-    kind = SimpleNamespace(packs_per_call=packs_per_call)
+    kind = SimpleNamespace(site_run=SimpleNamespace(packs_per_call=packs_per_call))
     judge = Judge(SimpleNamespace(), kind, None)  # type: ignore[arg-type]
     cand = SimpleNamespace(transformed=SimpleNamespace(pack=pack))
     feed = judge._feed(cand, (1, 2))  # type: ignore[arg-type]
@@ -336,4 +336,5 @@ def test_inference_packs_per_call_and_training_once() -> None:
     from tuner.tuning.inference import InferenceStep
     from tuner.tuning.train import TrainingStep
 
-    assert InferenceStep.packs_per_call and not TrainingStep.packs_per_call
+    assert InferenceStep.site_run.packs_per_call
+    assert not TrainingStep.site_run.packs_per_call
