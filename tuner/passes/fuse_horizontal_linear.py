@@ -141,18 +141,16 @@ def _cat_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
     return graph.call_function(aten.cat.default, (nodes,))
 
 
-def _stack_t_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
-    stacked = graph.call_function(aten.stack.default, (nodes,))
-    return graph.call_function(aten.transpose.int, (stacked, 1, 2))
-
-
 def _stack_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
     return graph.call_function(aten.stack.default, (nodes,))
 
 
+def _stack_t_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
+    return graph.call_function(aten.transpose.int, (_stack_nodes(graph, nodes), 1, 2))
+
+
 def _stack_rows_nodes(graph: fx.Graph, nodes: list[fx.Node]) -> fx.Node:
-    stacked = graph.call_function(aten.stack.default, (nodes,))
-    return graph.call_function(aten.unsqueeze.default, (stacked, 1))
+    return graph.call_function(aten.unsqueeze.default, (_stack_nodes(graph, nodes), 1))
 
 
 def _weight_nodes(
